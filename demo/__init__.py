@@ -1,0 +1,1 @@
+"""Gradio UI for the composed image search engine: layout, events and formatting only."""

@@ -1,0 +1,169 @@
+"""open_clip backbones: any architecture with a pretrained tag or a local weights file, and tiny
+random-weight configurations (``configs/tiny-*.json``) for fast tests."""
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from pathlib import Path
+from typing import Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+from PIL import Image
+
+from ..errors import EngineError
+from .base import Backbone, TextEncoding, hash_state_dict
+
+log = logging.getLogger(__name__)
+CONFIG_DIR = Path(__file__).resolve().parent / "configs"
+DEFAULT_ARCH, DEFAULT_TAG = "ViT-B-32", "laion2b_s34b_b79k"
+HUB_HOST = "huggingface.co"
+
+
+def _register_tiny_configs():
+    import open_clip
+
+    if "tiny-vit-a" not in open_clip.list_models():
+        open_clip.add_model_config(CONFIG_DIR)
+
+
+def hub_reachable(timeout: float = 2.0) -> bool:
+    """True when the model hub answers a TCP connect within ``timeout`` seconds (never retries)."""
+    if os.environ.get("HF_HUB_OFFLINE") == "1":
+        return False
+    try:
+        with socket.create_connection((HUB_HOST, 443), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def pretrained_cached(arch: str, tag: str) -> bool:
+    """True when the weights for (arch, tag) are already in the local hub cache."""
+    import open_clip
+    from open_clip.pretrained import get_pretrained_cfg
+
+    cfg = get_pretrained_cfg(arch, tag)
+    if not cfg:
+        return False
+    hub_id = cfg.get("hf_hub", "")
+    if hub_id:
+        from huggingface_hub import try_to_load_from_cache
+
+        repo, _, filename = hub_id.rstrip("/").partition("/")[0], None, None
+        parts = cfg["hf_hub"].strip("/").split("/")
+        repo = "/".join(parts[:2])
+        for fname in ("open_clip_model.safetensors", "open_clip_pytorch_model.bin"):
+            hit = try_to_load_from_cache(repo, fname)
+            if isinstance(hit, str) and os.path.exists(hit):
+                return True
+    return False
+
+
+class OpenClipBackbone(Backbone):
+    placeholder = "*"
+
+    def __init__(self, arch: str = DEFAULT_ARCH, pretrained: Optional[str] = DEFAULT_TAG, device: str = "cpu",
+                 precision: Optional[str] = None, seed: int = 0):
+        import open_clip
+
+        _register_tiny_configs()
+        if precision is None:
+            precision = "fp16" if device.startswith("cuda") else "fp32"
+        if not pretrained:
+            torch.manual_seed(seed)  # random weights are reproducible, so is their fingerprint
+        try:
+            model, _, preprocess = open_clip.create_model_and_transforms(
+                arch, pretrained=pretrained or None, device=device, precision=precision
+            )
+        except RuntimeError as exc:
+            raise EngineError(f"could not load open_clip {arch} / {pretrained}: {exc}") from None
+        self.model = model.eval()
+        for p in self.model.parameters():
+            p.requires_grad_(False)
+        if not hasattr(model, "token_embedding") or not hasattr(model.visual, "_embeds"):
+            raise EngineError(f"open_clip {arch}: only CLIP models with a ViT image tower are supported")
+        self._preprocess = preprocess
+        self.tokenizer = open_clip.get_tokenizer(arch)
+        self.device, self.precision = device, precision
+        tag = pretrained if pretrained and not os.path.exists(str(pretrained)) else (
+            Path(pretrained).name if pretrained else "random")
+        self.name = f"open_clip:{arch}/{tag}"
+        self.embed_dim = int(model.text_projection.shape[1] if model.text_projection is not None
+                             else model.token_embedding.weight.shape[1])
+        self.vision_width = int(model.visual.class_embedding.shape[0])
+        self.token_dim = int(model.token_embedding.weight.shape[1])
+        self.context_length = int(model.context_length)
+        self.logit_scale = float(model.logit_scale.exp().item())
+        ids = self.tokenizer.encode(self.placeholder) if hasattr(self.tokenizer, "encode") else None
+        self.placeholder_id = int(ids[0]) if ids and len(ids) == 1 else int(self.tokenizer([self.placeholder])[0, 1])
+        self._fp = f"{self.name}@{hash_state_dict(model.state_dict())}"
+
+    @property
+    def fingerprint(self) -> str:
+        return self._fp
+
+    @property
+    def cast_dtype(self):
+        return self.model.transformer.get_cast_dtype()
+
+    # -- images ------------------------------------------------------------------------
+    def preprocess(self, image: Image.Image) -> torch.Tensor:
+        return self._preprocess(image.convert("RGB"))
+
+    def encode_images_with_tokens(self, pixels) -> Tuple[torch.Tensor, torch.Tensor]:
+        visual = self.model.visual
+        with torch.no_grad():
+            x = visual._embeds(pixels.to(self.device, dtype=self.cast_dtype))
+            x = visual.transformer(x)
+            tokens = x  # global (class) token + patch tokens, before ln_post
+            pooled, _ = visual._pool(x)
+            if visual.proj is not None:
+                pooled = pooled @ visual.proj
+        return F.normalize(pooled.float(), dim=-1), tokens.float()
+
+    # -- texts -------------------------------------------------------------------------
+    def _tokens(self, texts):
+        notices = []
+        for t in texts:
+            n = self.count_tokens(t)
+            if n > self.context_length:
+                notices.append(f"text truncated to {self.context_length} tokens (it had {n})")
+        return self.tokenizer(list(texts)).to(self.device), notices
+
+    def _encode_token_embeddings(self, x: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        m = self.model
+        x = x + m.positional_embedding.to(x.dtype)
+        x = m.transformer(x, attn_mask=m.attn_mask)
+        x = m.ln_final(x)
+        from open_clip.transformer import text_global_pool
+
+        x = text_global_pool(x, ids, m.text_pool_type, eos_token_id=getattr(m, "text_eos_id", None))
+        if m.text_projection is not None:
+            x = m.text_projection(x) if isinstance(m.text_projection, torch.nn.Linear) else x @ m.text_projection
+        return F.normalize(x.float(), dim=-1)
+
+    def encode_texts(self, texts):
+        ids, notices = self._tokens(texts)
+        with torch.no_grad():
+            emb = self._encode_token_embeddings(self.model.token_embedding(ids).to(self.cast_dtype), ids)
+        return TextEncoding(emb, notices)
+
+    def encode_texts_with_pseudo(self, texts, pseudo):
+        ids, _ = self._tokens(texts)
+        where = ids == self.placeholder_id
+        if not bool((where.sum(1) == 1).all()):
+            raise EngineError(f"every prompt must contain the placeholder {self.placeholder!r} exactly once")
+        x = self.model.token_embedding(ids).to(self.cast_dtype)
+        x = torch.where(where.unsqueeze(-1), pseudo.to(x.dtype).unsqueeze(1).expand_as(x), x)
+        return self._encode_token_embeddings(x, ids)
+
+    def word_token_embedding(self, word):
+        ids = self.tokenizer.encode(word)
+        if len(ids) != 1:
+            raise EngineError(f"{word!r} is not a single token for this tokenizer")
+        return self.model.token_embedding.weight[ids[0]].detach().float().clone()
+
+    def count_tokens(self, text):
+        return len(self.tokenizer.encode(text)) + 2

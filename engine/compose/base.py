@@ -1,0 +1,73 @@
+"""Composer interface: (reference image and/or text, options) -> query vector + explanation."""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
+
+import numpy as np
+import torch
+
+from ..backbones.base import Backbone
+from ..registry import Registry
+
+
+class ComposerUnavailable(Exception):
+    """Raised by a composer factory when it cannot run here (reason in the message)."""
+
+
+@dataclass
+class Query:
+    """Everything a composer may use. Image features are computed once by the engine and cached."""
+
+    text: Optional[str] = None
+    image_embedding: Optional[torch.Tensor] = None  # (D,) L2-normalised
+    image_tokens: Optional[torch.Tensor] = None  # (1 + P, vision_width)
+    has_image: bool = False
+    alpha: float = 0.5
+    negative_text: Optional[str] = None
+    options: Dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Composition:
+    vector: np.ndarray  # (D,) float32, L2-normalised
+    explanation: Dict[str, Any] = field(default_factory=dict)
+    notices: List[str] = field(default_factory=list)
+
+
+class Composer(ABC):
+    name: str = ""
+    label: str = ""
+    needs_image: bool = False
+    needs_text: bool = False
+    uses_alpha: bool = False
+
+    def __init__(self, backbone: Backbone):
+        self.backbone = backbone
+
+    @abstractmethod
+    def compose(self, query: Query) -> Composition:
+        ...
+
+    def check(self, query: Query) -> None:
+        from ..errors import InputError
+
+        if self.needs_image and not query.has_image:
+            raise InputError(f"{self.label} needs a reference image")
+        if self.needs_text and not (query.text and query.text.strip()):
+            raise InputError(f"{self.label} needs a modification text")
+
+
+def normalise(v: torch.Tensor) -> np.ndarray:
+    v = v.detach().float().reshape(-1)
+    n = v.norm()
+    if not torch.isfinite(n) or n.item() == 0:
+        from ..errors import InputError
+
+        raise InputError("the composed query is empty (all zeros); give an image or a text")
+    return (v / n).cpu().numpy().astype(np.float32)
+
+
+# name -> factory(backbone, checkpoint_dir) -> Composer (raises ComposerUnavailable)
+COMPOSERS: Registry[Composer] = Registry("composer")

@@ -1,0 +1,54 @@
+"""Settings read from environment variables (documented in README, 'Configuration')."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+ASSETS = ROOT / "assets"
+
+
+def _env(name: str, default: str) -> str:
+    value = os.environ.get(name, "").strip()
+    return value or default
+
+
+def cache_dir() -> Path:
+    """Where derived data (demo index, assembled data sets, feature caches) lives."""
+    base = os.environ.get("CIS_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "composed-image-search"
+    )
+    path = Path(base)
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+@dataclass
+class Settings:
+    backbone: str = field(default_factory=lambda: _env("CIS_BACKBONE", "auto"))
+    gallery: str = field(default_factory=lambda: _env("CIS_GALLERY", str(ASSETS / "gallery")))
+    index_dir: str = field(default_factory=lambda: _env("CIS_INDEX_DIR", ""))
+    device: str = field(default_factory=lambda: _env("CIS_DEVICE", "auto"))
+    checkpoints: str = field(default_factory=lambda: _env("CIS_CHECKPOINTS", str(ASSETS / "checkpoints")))
+    max_upload_mb: float = field(default_factory=lambda: float(_env("CIS_MAX_UPLOAD_MB", "20")))
+    max_pixels: int = field(default_factory=lambda: int(_env("CIS_MAX_PIXELS", str(40_000_000))))
+    max_zip_mb: float = field(default_factory=lambda: float(_env("CIS_MAX_ZIP_MB", "200")))
+    max_zip_files: int = field(default_factory=lambda: int(_env("CIS_MAX_ZIP_FILES", "2000")))
+    max_text_chars: int = field(default_factory=lambda: int(_env("CIS_MAX_TEXT_CHARS", "1000")))
+    auto_timeout_s: float = field(default_factory=lambda: float(_env("CIS_AUTO_TIMEOUT_S", "3")))
+
+    def resolved_index_dir(self) -> Path:
+        if self.index_dir:
+            return Path(self.index_dir)
+        return cache_dir() / "indexes" / Path(self.gallery).name
+
+
+def resolve_device(device: str = "auto") -> str:
+    import torch
+
+    if device in ("", "auto"):
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise RuntimeError("CIS_DEVICE asks for CUDA but no GPU is visible")
+    return device

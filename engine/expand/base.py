@@ -1,0 +1,48 @@
+"""Query-expansion interface: re-form a query from its top results."""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, Dict
+
+import numpy as np
+
+from ..registry import Registry
+
+
+class ExpanderUnavailable(Exception):
+    """Raised by an expander factory when it cannot run here (e.g. no checkpoint)."""
+
+
+@dataclass
+class Expansion:
+    vector: np.ndarray  # (D,) float32, L2-normalised, in the gallery's embedding space
+    weights: np.ndarray  # (n,) weight given to each neighbour (rank order)
+    explanation: Dict[str, Any] = field(default_factory=dict)
+
+
+class Expander(ABC):
+    name: str = ""
+    label: str = ""
+
+    @abstractmethod
+    def expand(self, query: np.ndarray, neighbours: np.ndarray, sims: np.ndarray) -> Expansion:
+        """query (D,), neighbours (n, D) in rank order, sims (n,) their similarity to the query."""
+
+
+def l2n(v: np.ndarray) -> np.ndarray:
+    v = np.asarray(v, dtype=np.float32)
+    n = np.linalg.norm(v, axis=-1, keepdims=True)
+    return v / np.maximum(n, 1e-12)
+
+
+class NoExpansion(Expander):
+    name, label = "none", "No expansion"
+
+    def expand(self, query, neighbours, sims):
+        return Expansion(l2n(query), np.zeros(len(neighbours), np.float32), {})
+
+
+# name -> factory(embed_dim, checkpoint_dir, fingerprint) -> Expander (raises ExpanderUnavailable)
+EXPANDERS: Registry[Expander] = Registry("expander")
+EXPANDERS.register("none")(lambda embed_dim=None, checkpoint_dir=None, fingerprint=None: NoExpansion())

@@ -1,0 +1,106 @@
+"""Safe image decoding: content-type checks, pixel limits, EXIF orientation, mode normalisation."""
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import warnings
+from pathlib import Path
+from typing import Union
+
+from PIL import Image, ImageOps, UnidentifiedImageError
+
+from .errors import InputError
+
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".webp", ".bmp", ".tif", ".tiff", ".gif")
+DEFAULT_MAX_PIXELS = 40_000_000
+DEFAULT_MAX_BYTES = 50 * 1024 * 1024
+
+ImageSource = Union[str, os.PathLike, bytes, Image.Image]
+
+
+def sha256_bytes(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def sha256_file(path: Union[str, os.PathLike], chunk: int = 1 << 20) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(chunk), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def read_bytes(source: Union[str, os.PathLike, bytes], max_bytes: int = DEFAULT_MAX_BYTES) -> bytes:
+    if isinstance(source, bytes):
+        data = source
+    else:
+        path = Path(source)
+        if not path.is_file():
+            raise InputError(f"image file not found: {path.name}")
+        size = path.stat().st_size
+        if size > max_bytes:
+            raise InputError(f"{path.name} is {size / 1e6:.1f} MB; the limit is {max_bytes / 1e6:.0f} MB")
+        data = path.read_bytes()
+    if len(data) > max_bytes:
+        raise InputError(f"image is {len(data) / 1e6:.1f} MB; the limit is {max_bytes / 1e6:.0f} MB")
+    if not data:
+        raise InputError("the image file is empty")
+    return data
+
+
+def _normalise_mode(img: Image.Image) -> Image.Image:
+    """Return an 8-bit RGB image; alpha is composited on white, 16-bit and CMYK are converted."""
+    if img.mode in ("I;16", "I;16B", "I;16L", "I"):
+        import numpy as np
+
+        arr = np.asarray(img, dtype=np.float64)
+        hi = arr.max() if arr.size else 1.0
+        arr = (arr / (hi if hi > 0 else 1.0) * 255.0).clip(0, 255).astype("uint8")
+        img = Image.fromarray(arr, mode="L")
+    if img.mode == "P":
+        img = img.convert("RGBA")
+    if img.mode in ("RGBA", "LA"):
+        rgba = img.convert("RGBA")
+        bg = Image.new("RGB", rgba.size, (255, 255, 255))
+        bg.paste(rgba, mask=rgba.getchannel("A"))
+        return bg
+    if img.mode != "RGB":
+        img = img.convert("RGB")
+    return img
+
+
+def load_image(
+    source: ImageSource,
+    max_pixels: int = DEFAULT_MAX_PIXELS,
+    max_bytes: int = DEFAULT_MAX_BYTES,
+) -> Image.Image:
+    """Decode an image safely. Raises InputError with a readable reason on any problem."""
+    if isinstance(source, Image.Image):
+        if source.width * source.height > max_pixels:
+            raise InputError(f"image has {source.width}x{source.height} pixels; the limit is {max_pixels:,} pixels")
+        return _normalise_mode(ImageOps.exif_transpose(source) or source)
+    data = read_bytes(source, max_bytes)
+    name = Path(source).name if not isinstance(source, bytes) else "upload"
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            img = Image.open(io.BytesIO(data))
+            w, h = img.size
+            if w * h > max_pixels:
+                raise InputError(f"{name} has {w}x{h} pixels; the limit is {max_pixels:,} pixels")
+            img.seek(0)  # first frame of animations
+            img.load()
+    except InputError:
+        raise
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning):
+        raise InputError(f"{name} is too large to decode safely (decompression bomb limit)") from None
+    except UnidentifiedImageError:
+        raise InputError(f"{name} is not an image this app can read (jpg, png, webp, bmp, tiff, gif)") from None
+    except (OSError, SyntaxError, ValueError) as exc:
+        raise InputError(f"{name} could not be decoded (truncated or corrupt file): {exc}") from None
+    try:
+        img = ImageOps.exif_transpose(img) or img
+    except Exception:  # broken EXIF should not make a readable image unusable
+        pass
+    return _normalise_mode(img)

@@ -1,0 +1,210 @@
+"""Indexing as small stages (find -> read/decode -> embed -> write shards -> assemble), as in clip-retrieval.
+
+Each stage is a plain function over plain data so a distributed runner can reuse them; ``build_index``
+is the single-machine runner. Embeddings are cached by content hash in shards written atomically
+while the run goes on, so a killed run resumes without re-embedding finished files and an unchanged
+file is never embedded twice.
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Callable, Dict, Iterable, List, Optional, Tuple
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from ..errors import InputError
+from ..images import load_image, sha256_file
+from .store import GalleryIndex, atomic_write_bytes
+from .walk import find_images, load_captions
+
+log = logging.getLogger(__name__)
+THUMB_SIZE = 256
+Progress = Optional[Callable[[int, int, str], None]]
+
+
+# -- stage: read / decode -------------------------------------------------------------------
+class DecodeDataset(Dataset):
+    """Reads, decodes and preprocesses one image; writes its thumbnail. Runs in DataLoader workers."""
+
+    def __init__(self, root: Path, rel_paths: List[str], hashes: List[str], preprocess, thumbs: Path, max_pixels):
+        self.root, self.rel, self.hashes = Path(root), rel_paths, hashes
+        self.preprocess, self.thumbs, self.max_pixels = preprocess, thumbs, max_pixels
+
+    def __len__(self):
+        return len(self.rel)
+
+    def __getitem__(self, i):
+        try:
+            img = load_image(self.root / self.rel[i], max_pixels=self.max_pixels)
+        except InputError as exc:
+            return {"i": i, "ok": False, "error": str(exc)}
+        thumb = self.thumbs / (self.hashes[i][:20] + ".jpg") if self.thumbs is not None else None
+        if thumb is not None and not thumb.exists():
+            t = img.copy()
+            t.thumbnail((THUMB_SIZE, THUMB_SIZE))
+            import io
+
+            buf = io.BytesIO()
+            t.save(buf, "JPEG", quality=85)
+            atomic_write_bytes(thumb, buf.getvalue())
+        return {"i": i, "ok": True, "pixels": self.preprocess(img), "size": list(img.size)}
+
+
+def _collate(batch):
+    good = [b for b in batch if b["ok"]]
+    return {
+        "i": [b["i"] for b in good],
+        "size": [b["size"] for b in good],
+        "pixels": torch.stack([b["pixels"] for b in good]) if good else None,
+        "failed": [(b["i"], b["error"]) for b in batch if not b["ok"]],
+    }
+
+
+# -- stage: embedding cache shards ------------------------------------------------------------
+def cache_folder(out: Path, fingerprint: str) -> Path:
+    return Path(out) / "cache" / hashlib.sha256(fingerprint.encode()).hexdigest()[:16]
+
+
+def read_shards(folder: Path) -> Dict[str, Tuple[np.ndarray, list]]:
+    """{sha256: (embedding float16, [w, h])} from every intact shard; damaged shards are ignored."""
+    found: Dict[str, Tuple[np.ndarray, list]] = {}
+    for shard in sorted(Path(folder).glob("shard-*.npz")):
+        try:
+            with np.load(shard, allow_pickle=False) as z:
+                for h, e, s in zip(z["hashes"], z["embeddings"], z["sizes"]):
+                    found[str(h)] = (e, [int(s[0]), int(s[1])])
+        except Exception as exc:  # a shard cut short by a crash: re-embed its files
+            log.warning("ignoring damaged cache shard %s (%s)", shard.name, exc)
+    return found
+
+
+def write_shard(folder: Path, hashes: List[str], embeddings: np.ndarray, sizes: List[list]) -> None:
+    import io
+
+    folder.mkdir(parents=True, exist_ok=True)
+    buf = io.BytesIO()
+    np.savez(buf, hashes=np.array(hashes), embeddings=embeddings.astype(np.float16), sizes=np.array(sizes))
+    name = f"shard-{time.time_ns()}-{os.getpid()}.npz"
+    atomic_write_bytes(folder / name, buf.getvalue())
+
+
+# -- the single-machine runner ------------------------------------------------------------------
+def build_index(
+    source,
+    out,
+    backbone,
+    index_type: str = "auto",
+    batch_size: int = 32,
+    workers: Optional[int] = None,
+    shard_every: int = 4,
+    progress: Progress = None,
+    max_pixels: int = 40_000_000,
+    vector_options: Optional[dict] = None,
+) -> GalleryIndex:
+    """Index every image under ``source`` into ``out``; reuses embeddings of unchanged files."""
+    from tqdm.auto import tqdm
+
+    source, out = Path(source).resolve(), Path(out)
+    if not source.is_dir():
+        raise InputError(f"gallery folder not found: {source}")
+    out.mkdir(parents=True, exist_ok=True)
+    thumbs = out / "thumbs"
+    thumbs.mkdir(exist_ok=True)
+    rel = find_images(source)
+    if not rel:
+        raise InputError(f"no images (jpg, png, webp, bmp, tiff, gif) found under {source.name}")
+    hashes = [sha256_file(source / r) for r in rel]
+    captions = load_captions(source, rel)
+    cache = cache_folder(out, backbone.fingerprint)
+    known = read_shards(cache)
+    todo = [i for i, h in enumerate(hashes) if h not in known]
+    log.info("%d images, %d cached, %d to embed", len(rel), len(rel) - len(todo), len(todo))
+
+    failed: Dict[int, str] = {}
+    if todo:
+        ds = DecodeDataset(source, [rel[i] for i in todo], [hashes[i] for i in todo], backbone.preprocess,
+                           thumbs, max_pixels)
+        if workers is None:
+            workers = min(2, os.cpu_count() or 1)
+        loader = DataLoader(ds, batch_size=batch_size, num_workers=workers, collate_fn=_collate,
+                            persistent_workers=False, prefetch_factor=4 if workers else None)
+        pend_h: List[str] = []
+        pend_e: List[np.ndarray] = []
+        pend_s: List[list] = []
+        bar = tqdm(total=len(todo), desc="indexing", unit="img", disable=progress is not None)
+        done = 0
+        for b_no, batch in enumerate(loader):
+            for j, err in batch["failed"]:
+                failed[todo[j]] = err
+            if batch["pixels"] is not None:
+                with torch.no_grad():
+                    emb = backbone.encode_images(batch["pixels"]).float().cpu().numpy()
+                for j, e, s in zip(batch["i"], emb, batch["size"]):
+                    h = hashes[todo[j]]
+                    known[h] = (e.astype(np.float16), s)
+                    pend_h.append(h)
+                    pend_e.append(e)
+                    pend_s.append(s)
+            n = len(batch["i"]) + len(batch["failed"])
+            done += n
+            bar.update(n)
+            if progress:
+                progress(done, len(todo), "embedding images")
+            if pend_h and (b_no + 1) % shard_every == 0:
+                write_shard(cache, pend_h, np.stack(pend_e), pend_s)
+                pend_h, pend_e, pend_s = [], [], []
+        if pend_h:
+            write_shard(cache, pend_h, np.stack(pend_e), pend_s)
+        bar.close()
+
+    items, embs = [], []
+    for i, (r, h) in enumerate(zip(rel, hashes)):
+        if h not in known:
+            continue
+        e, size = known[h]
+        item = {"id": len(items), "path": r, "sha256": h, "width": size[0], "height": size[1],
+                "bytes": (source / r).stat().st_size}
+        if r in captions:
+            item["caption"] = captions[r]
+        items.append(item)
+        embs.append(e)
+    if not items:
+        raise InputError(f"none of the {len(rel)} files under {source.name} could be decoded")
+    meta = {
+        "fingerprint": backbone.fingerprint,
+        "backbone": backbone.name,
+        "dim": int(backbone.embed_dim),
+        "source": str(source),
+        "index_type": index_type,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "skipped": [{"path": rel[i], "reason": failed[i]} for i in sorted(failed)],
+    }
+    index = GalleryIndex(out, meta, items, np.stack(embs).astype(np.float16))
+    if progress:
+        progress(len(todo), len(todo), "building the vector index")
+    index.attach_vectors(index_type, **(vector_options or {}))
+    index.save()
+    compact_cache(cache, {it["sha256"] for it in items})
+    return index
+
+
+def compact_cache(cache: Path, keep: Iterable[str]) -> None:
+    """Merge shards into one holding only the hashes still in the gallery (removed files drop out)."""
+    shards = sorted(cache.glob("shard-*.npz"))
+    if len(shards) <= 1:
+        return
+    keep = set(keep)
+    found = read_shards(cache)
+    hs = [h for h in found if h in keep]
+    if hs:
+        write_shard(cache, hs, np.stack([found[h][0] for h in hs]), [found[h][1] for h in hs])
+    newest = max(cache.glob("shard-*.npz"), key=lambda p: p.name)
+    for s in shards:
+        if s != newest:
+            s.unlink(missing_ok=True)

@@ -1,0 +1,182 @@
+"""On-disk gallery index: items, float16 embeddings, vector index, thumbnails; atomic versioned saves.
+
+Layout of an index folder::
+
+    CURRENT                 name of the live version (replaced atomically)
+    v-<stamp>/meta.json     backbone fingerprint, dim, index type, counts, source folder
+    v-<stamp>/items.jsonl   one record per image: id, path (relative), sha256, size, caption
+    v-<stamp>/embeddings.npy  float16 (N, D), row i belongs to item i
+    v-<stamp>/vectors.*     the vector index's own files where it keeps any
+    thumbs/<sha[:20]>.jpg   thumbnails shared across versions
+    cache/<fp-hash>/shard-*.npz  embeddings by content hash (incremental updates, resume)
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import List, Optional
+
+import numpy as np
+
+from ..errors import IndexLoadError
+from .vectors import VectorIndex, create_vector_index
+
+FORMAT_VERSION = 1
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    atomic_write_bytes(path, text.encode("utf-8"))
+
+
+@dataclass
+class GalleryIndex:
+    folder: Path
+    meta: dict
+    items: List[dict]
+    embeddings: np.ndarray  # float16 (N, D)
+    vectors: Optional[VectorIndex] = None
+
+    # -- properties -------------------------------------------------------------------
+    @property
+    def fingerprint(self) -> str:
+        return self.meta["fingerprint"]
+
+    @property
+    def dim(self) -> int:
+        return int(self.meta["dim"])
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    @property
+    def source(self) -> Path:
+        return Path(self.meta["source"])
+
+    def image_path(self, i: int) -> Path:
+        return self.source / self.items[i]["path"]
+
+    def thumb_path(self, i: int) -> Path:
+        return self.folder / "thumbs" / (self.items[i]["sha256"][:20] + ".jpg")
+
+    def display_path(self, i: int) -> Path:
+        thumb = self.thumb_path(i)
+        return thumb if thumb.exists() else self.image_path(i)
+
+    def vectors_f32(self) -> np.ndarray:
+        return self.embeddings.astype(np.float32)
+
+    def stats(self) -> dict:
+        d = {
+            "items": len(self),
+            "dim": self.dim,
+            "fingerprint": self.fingerprint,
+            "index_type": self.meta.get("index_type", "flat"),
+            "embedding_bytes_per_item": 2 * self.dim,
+            "skipped": len(self.meta.get("skipped", [])),
+        }
+        if self.vectors is not None:
+            d["vector_index"] = self.vectors.describe()
+        return d
+
+    # -- search -----------------------------------------------------------------------
+    def search(self, queries: np.ndarray, k: int):
+        if self.vectors is None:
+            raise IndexLoadError("the index has no vector index loaded")
+        return self.vectors.search(queries, k)
+
+    # -- persistence ------------------------------------------------------------------
+    def save(self) -> Path:
+        """Write a new version and switch CURRENT to it atomically; older versions are removed."""
+        self.folder.mkdir(parents=True, exist_ok=True)
+        (self.folder / "thumbs").mkdir(exist_ok=True)
+        name = f"v-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}-{time.monotonic_ns() % 10**6}"
+        tmp = self.folder / f".{name}.tmp"
+        tmp.mkdir()
+        self.meta.update(format=FORMAT_VERSION, count=len(self.items), dim=int(self.embeddings.shape[1]))
+        with open(tmp / "embeddings.npy", "wb") as f:
+            np.save(f, np.ascontiguousarray(self.embeddings, dtype=np.float16), allow_pickle=False)
+        (tmp / "items.jsonl").write_text("".join(json.dumps(it, ensure_ascii=False) + "\n" for it in self.items))
+        if self.vectors is not None:
+            self.vectors.save(tmp)
+        (tmp / "meta.json").write_text(json.dumps(self.meta, indent=2, ensure_ascii=False))
+        for p in tmp.iterdir():  # make the files durable before they become visible
+            with open(p, "rb") as f:
+                os.fsync(f.fileno())
+        final = self.folder / name
+        os.replace(tmp, final)
+        atomic_write_text(self.folder / "CURRENT", name + "\n")
+        for old in self.folder.glob("v-*"):
+            if old.name != name:
+                shutil.rmtree(old, ignore_errors=True)
+        for stale in self.folder.glob(".v-*.tmp"):
+            shutil.rmtree(stale, ignore_errors=True)
+        return final
+
+    @classmethod
+    def load(
+        cls,
+        folder,
+        expected_fingerprint: Optional[str] = None,
+        build_vectors: bool = True,
+        vector_options: Optional[dict] = None,
+    ) -> "GalleryIndex":
+        folder = Path(folder)
+        current = folder / "CURRENT"
+        if not current.exists():
+            raise IndexLoadError(f"no index at {folder} (CURRENT is missing); build it with `python -m engine index`")
+        version = folder / current.read_text().strip()
+        meta_path = version / "meta.json"
+        try:
+            meta = json.loads(meta_path.read_text())
+            items = [json.loads(line) for line in (version / "items.jsonl").read_text().splitlines() if line.strip()]
+        except (OSError, ValueError) as exc:
+            raise IndexLoadError(f"index file {meta_path.parent} is damaged ({exc}); rebuild the index") from None
+        emb_path = version / "embeddings.npy"
+        try:
+            embeddings = np.load(emb_path, allow_pickle=False)
+        except (OSError, ValueError, EOFError) as exc:
+            raise IndexLoadError(f"index file {emb_path} is damaged ({exc}); rebuild the index") from None
+        if embeddings.ndim != 2 or embeddings.shape[0] != len(items) or embeddings.shape[1] != meta.get("dim"):
+            raise IndexLoadError(
+                f"index file {emb_path} has shape {embeddings.shape}, expected ({len(items)}, {meta.get('dim')}); "
+                "rebuild the index"
+            )
+        if not np.isfinite(embeddings).all():
+            raise IndexLoadError(f"index file {emb_path} holds non-finite values; rebuild the index")
+        if expected_fingerprint and meta.get("fingerprint") != expected_fingerprint:
+            raise IndexLoadError(
+                f"the index at {folder} was built with backbone {meta.get('fingerprint')!r}, but the live backbone "
+                f"is {expected_fingerprint!r}; rebuild it: python -m engine index <images> --out {folder} "
+                f"--backbone <name>"
+            )
+        index = cls(folder, meta, items, embeddings)
+        if build_vectors:
+            index.attach_vectors(meta.get("index_type", "auto"), **(vector_options or {}), _version=version)
+        return index
+
+    def attach_vectors(self, kind: str = "auto", _version: Optional[Path] = None, **options) -> VectorIndex:
+        vi = create_vector_index(kind, self.dim, len(self), **options)
+        vecs = self.vectors_f32()
+        if len(vecs) == 0:
+            raise IndexLoadError(f"the index at {self.folder} is empty; add images and rebuild it")
+        if _version is not None:
+            vi.load(_version, vecs)
+        else:
+            vi.build(vecs)
+        self.vectors = vi
+        self.meta["index_type"] = vi.kind
+        return vi

@@ -1,0 +1,376 @@
+"""The one search function used by the UI, the CLI and the API, and the engine state it runs on."""
+from __future__ import annotations
+
+import hashlib
+import io
+import logging
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Tuple, Union
+
+import numpy as np
+import torch
+from PIL import Image
+
+from .backbones.base import Backbone
+from .compose import COMPOSERS, Composer, ComposerUnavailable, Query
+from .config import Settings
+from .errors import EngineError, InputError
+from .expand import EXPANDERS, Expander, ExpanderUnavailable
+from .images import load_image
+from .index.store import GalleryIndex
+
+log = logging.getLogger(__name__)
+DEFAULT_NQE = 64
+MAX_K = 200
+
+
+@dataclass
+class Result:
+    rank: int
+    id: int
+    path: str  # path relative to the gallery root
+    score: float
+    caption: str = ""
+    explain: Dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class SearchResponse:
+    results: List[Result]
+    timings_ms: Dict[str, float]
+    method: str
+    expand: str
+    explanation: Dict[str, Any] = field(default_factory=dict)
+    notices: List[str] = field(default_factory=list)
+    reference_hash: Optional[str] = None
+
+    def to_json(self) -> dict:
+        return {
+            "method": self.method,
+            "expand": self.expand,
+            "results": [asdict(r) for r in self.results],
+            "timings_ms": self.timings_ms,
+            "explanation": _jsonable(self.explanation),
+            "notices": self.notices,
+            "reference_hash": self.reference_hash,
+        }
+
+
+def _jsonable(obj):
+    if isinstance(obj, dict):
+        return {str(k): _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_jsonable(v) for v in obj]
+    if isinstance(obj, (np.floating, np.integer)):
+        return obj.item()
+    if isinstance(obj, np.ndarray):
+        return obj.tolist()
+    if isinstance(obj, torch.Tensor):
+        return obj.tolist()
+    return obj
+
+
+class FeatureCache:
+    """LRU of reference-image features keyed by content hash (so text-only changes skip the image pass)."""
+
+    def __init__(self, capacity: int = 256):
+        self.capacity = capacity
+        self._d: "OrderedDict[str, Tuple[torch.Tensor, torch.Tensor]]" = OrderedDict()
+        self._lock = threading.Lock()
+        self.hits = self.misses = 0
+
+    def get(self, key):
+        with self._lock:
+            if key in self._d:
+                self._d.move_to_end(key)
+                self.hits += 1
+                return self._d[key]
+            self.misses += 1
+            return None
+
+    def put(self, key, value):
+        with self._lock:
+            self._d[key] = value
+            self._d.move_to_end(key)
+            while len(self._d) > self.capacity:
+                self._d.popitem(last=False)
+
+    def __contains__(self, key):
+        return key in self._d
+
+
+ImageInput = Union[None, str, Path, bytes, Image.Image, int]
+
+
+class SearchEngine:
+    """A backbone + a gallery index + the composers and expanders available for them."""
+
+    def __init__(self, backbone: Backbone, index: GalleryIndex, settings: Optional[Settings] = None):
+        self.backbone, self.index = backbone, index
+        self.settings = settings or Settings()
+        if index.fingerprint != backbone.fingerprint:
+            raise EngineError(
+                f"index built with {index.fingerprint} but the backbone is {backbone.fingerprint}; rebuild the index"
+            )
+        self.cache = FeatureCache()
+        self.composers: Dict[str, Composer] = {}
+        self.unavailable: Dict[str, str] = {}
+        ckpt = self.settings.checkpoints
+        for name in COMPOSERS:
+            try:
+                self.composers[name] = COMPOSERS.get(name)(backbone, checkpoint_dir=ckpt)
+            except ComposerUnavailable as exc:
+                self.unavailable[name] = str(exc)
+        self.expanders: Dict[str, Expander] = {}
+        self.expanders_unavailable: Dict[str, str] = {}
+        for name in EXPANDERS:
+            try:
+                self.expanders[name] = EXPANDERS.get(name)(
+                    embed_dim=backbone.embed_dim, checkpoint_dir=ckpt, fingerprint=backbone.fingerprint
+                )
+            except ExpanderUnavailable as exc:
+                self.expanders_unavailable[name] = str(exc)
+        self._lock = threading.Lock()
+
+    # -- reference images ---------------------------------------------------------------
+    def reference_features(self, image: ImageInput) -> Tuple[str, torch.Tensor, torch.Tensor, bool]:
+        """(content hash, embedding (D,), visual tokens (1+P, W), cache hit)."""
+        if isinstance(image, (int, np.integer)) and not isinstance(image, bool):
+            return self.gallery_features(int(image))
+        if isinstance(image, Image.Image):
+            buf = io.BytesIO()
+            image.save(buf, "PNG")
+            key = hashlib.sha256(buf.getvalue()).hexdigest()
+        else:
+            from .images import read_bytes
+
+            data = read_bytes(image, int(self.settings.max_upload_mb * 1e6))
+            key = hashlib.sha256(data).hexdigest()
+            image = data
+        hit = self.cache.get(key)
+        if hit is not None:
+            return key, hit[0], hit[1], True
+        pil = load_image(image, max_pixels=self.settings.max_pixels, max_bytes=int(self.settings.max_upload_mb * 1e6))
+        with torch.no_grad():
+            emb, tokens = self.backbone.encode_images_with_tokens(self.backbone.preprocess(pil).unsqueeze(0))
+        value = (emb[0].float().cpu(), tokens[0].float().cpu())
+        self.cache.put(key, value)
+        return key, value[0], value[1], False
+
+    def gallery_features(self, item_id: int):
+        if not 0 <= item_id < len(self.index):
+            raise InputError(f"gallery item {item_id} does not exist (the gallery has {len(self.index)} images)")
+        key = self.index.items[item_id]["sha256"]
+        hit = self.cache.get(key)
+        if hit is not None:
+            return key, hit[0], hit[1], True
+        path = self.index.image_path(item_id)
+        if not path.exists():
+            path = self.index.display_path(item_id)
+        pil = load_image(path, max_pixels=self.settings.max_pixels)
+        with torch.no_grad():
+            emb, tokens = self.backbone.encode_images_with_tokens(self.backbone.preprocess(pil).unsqueeze(0))
+        value = (emb[0].float().cpu(), tokens[0].float().cpu())
+        self.cache.put(key, value)
+        return key, value[0], value[1], False
+
+    def find_item(self, sha256: str) -> Optional[int]:
+        for it in self.index.items:
+            if it["sha256"] == sha256:
+                return int(it["id"])
+        return None
+
+    # -- info ---------------------------------------------------------------------------
+    def methods(self) -> Dict[str, Optional[str]]:
+        """{composer name: None if available else the reason it is not}."""
+        out: Dict[str, Optional[str]] = {n: None for n in self.composers}
+        out.update(self.unavailable)
+        return out
+
+    def info(self) -> dict:
+        import platform
+
+        return {
+            "backbone": self.backbone.describe(),
+            "index": self.index.stats(),
+            "methods": self.methods(),
+            "expanders": {**{n: None for n in self.expanders}, **self.expanders_unavailable},
+            "feature_cache": {"entries": len(self.cache._d), "hits": self.cache.hits, "misses": self.cache.misses},
+            "machine": platform.platform(),
+        }
+
+
+def _check_text(text: Optional[str], max_chars: int) -> Optional[str]:
+    if text is None:
+        return None
+    if not isinstance(text, str):
+        raise InputError("the modification text must be a string")
+    text = text.strip()
+    if not text:
+        return None
+    if len(text) > max_chars:
+        raise InputError(f"the text has {len(text)} characters; the limit is {max_chars}")
+    return text
+
+
+def search(
+    engine: SearchEngine,
+    image: ImageInput = None,
+    text: Optional[str] = None,
+    method: str = "sum",
+    alpha: float = 0.5,
+    k: int = 12,
+    expand: str = "none",
+    nqe: int = DEFAULT_NQE,
+    negative_text: Optional[str] = None,
+    explain: bool = False,
+    exclude_reference: bool = False,
+) -> SearchResponse:
+    """Compose (image, text) into a query, search the gallery, optionally expand and search again.
+
+    ``image`` may be a path, bytes, a PIL image, or an int gallery id. Returns ranked results with
+    per-stage timings in milliseconds.
+    """
+    t0 = time.perf_counter()
+    timings: Dict[str, float] = {}
+    notices: List[str] = []
+    text = _check_text(text, engine.settings.max_text_chars)
+    negative_text = _check_text(negative_text, engine.settings.max_text_chars)
+    try:
+        k = int(k)
+        alpha = float(alpha)
+        nqe = int(nqe)
+    except (TypeError, ValueError):
+        raise InputError("k, alpha and nqe must be numbers") from None
+    if not 1 <= k <= MAX_K:
+        raise InputError(f"k must be between 1 and {MAX_K}")
+    if not np.isfinite(alpha) or not 0.0 <= alpha <= 1.0:
+        raise InputError("alpha must be between 0 and 1")
+    if method not in engine.composers:
+        if method in engine.unavailable:
+            raise InputError(f"method {method!r} is not available: {engine.unavailable[method]}")
+        raise InputError(f"unknown method {method!r}; available: {', '.join(engine.composers)}")
+    expand = expand or "none"
+    if expand not in engine.expanders:
+        if expand in engine.expanders_unavailable:
+            raise InputError(f"expansion {expand!r} is not available: {engine.expanders_unavailable[expand]}")
+        raise InputError(f"unknown expansion {expand!r}; available: {', '.join(engine.expanders)}")
+    if image is None and text is None:
+        raise InputError("give a reference image, a modification text, or both")
+
+    query = Query(text=text, alpha=alpha, negative_text=negative_text)
+    ref_hash = None
+    ref_id = None
+    if image is not None:
+        t = time.perf_counter()
+        ref_hash, emb, tokens, hit = engine.reference_features(image)
+        query.image_embedding, query.image_tokens, query.has_image = emb, tokens, True
+        timings["encode_image"] = (time.perf_counter() - t) * 1e3
+        timings["image_cache_hit"] = float(hit)
+        ref_id = int(image) if isinstance(image, (int, np.integer)) else None
+    composer = engine.composers[method]
+    t = time.perf_counter()
+    with torch.no_grad():
+        comp = composer.compose(query)
+    timings["compose"] = (time.perf_counter() - t) * 1e3
+    notices += comp.notices
+    qvec = comp.vector.astype(np.float32)
+    n = len(engine.index)
+    extra = 1 if exclude_reference else 0
+    t = time.perf_counter()
+    scores, ids = engine.index.search(qvec[None], min(n, k + extra))
+    timings["search"] = (time.perf_counter() - t) * 1e3
+    explanation: Dict[str, Any] = {"composer": comp.explanation}
+    first_rank = {int(i): r for r, i in enumerate(ids[0]) if i >= 0}
+    if expand != "none":
+        t = time.perf_counter()
+        nq = max(1, min(nqe, n))
+        s1, i1 = engine.index.search(qvec[None], nq)
+        valid = i1[0] >= 0
+        nb_ids = i1[0][valid]
+        neighbours = engine.index.embeddings[nb_ids].astype(np.float32)
+        ex = engine.expanders[expand].expand(qvec, neighbours, s1[0][valid])
+        first_rank = {int(i): r for r, i in enumerate(nb_ids)}
+        qvec = ex.vector.astype(np.float32)
+        scores, ids = engine.index.search(qvec[None], min(n, k + extra))
+        timings["expand"] = (time.perf_counter() - t) * 1e3
+        top = np.argsort(-np.asarray(ex.weights))[:10]
+        explanation["expansion"] = {
+            "method": expand,
+            "nqe": int(nq),
+            "neighbours": [{"id": int(nb_ids[j]), "weight": float(ex.weights[j]),
+                            "path": engine.index.items[int(nb_ids[j])]["path"]} for j in top],
+            **ex.explanation,
+        }
+    results: List[Result] = []
+    for s, i in zip(scores[0], ids[0]):
+        if i < 0:
+            continue
+        if exclude_reference and ((ref_id is not None and i == ref_id) or
+                                  (ref_hash is not None and engine.index.items[i]["sha256"] == ref_hash)):
+            continue
+        if len(results) >= k:
+            break
+        it = engine.index.items[int(i)]
+        r = Result(rank=len(results) + 1, id=int(i), path=it["path"], score=float(s), caption=it.get("caption", ""))
+        if expand != "none":
+            before = first_rank.get(int(i))
+            r.explain["rank_before_expansion"] = None if before is None else before + 1
+        results.append(r)
+    if explain:
+        _explain(engine, results, query, qvec)
+    timings["total"] = (time.perf_counter() - t0) * 1e3
+    return SearchResponse(results, {k_: round(v, 3) for k_, v in timings.items()}, method, expand,
+                          explanation, notices, ref_hash)
+
+
+def _explain(engine: SearchEngine, results: List[Result], query: Query, qvec: np.ndarray) -> None:
+    """Per result: similarity to the reference image alone, to the text alone, and the composed score."""
+    if not results:
+        return
+    ids = [r.id for r in results]
+    g = engine.index.embeddings[ids].astype(np.float32)
+    img = query.image_embedding.numpy().astype(np.float32) if query.has_image else None
+    txt = None
+    if query.text:
+        txt = engine.backbone.encode_texts([query.text]).embeddings[0].float().cpu().numpy()
+    for r, v in zip(results, g):
+        r.explain["image_similarity"] = None if img is None else float(v @ img)
+        r.explain["text_similarity"] = None if txt is None else float(v @ txt)
+        r.explain["composed_score"] = float(v @ qvec)
+
+
+_engines: Dict[Tuple[str, str], SearchEngine] = {}
+_engines_lock = threading.Lock()
+
+
+def open_engine(index_dir, backbone: Optional[Backbone] = None, settings: Optional[Settings] = None,
+                index_type: Optional[str] = None) -> SearchEngine:
+    """Load an index folder with the backbone it was built with (or the given one)."""
+    from .backbones import create_backbone
+
+    settings = settings or Settings()
+    if backbone is None:
+        meta_backbone = GalleryIndex.load(index_dir, build_vectors=False).meta.get("backbone", "")
+        backbone = create_backbone(_backbone_name_for(meta_backbone) or settings.backbone, settings.device)
+    opts = {"checkpoint_dir": settings.checkpoints, "fingerprint": backbone.fingerprint}
+    index = GalleryIndex.load(index_dir, expected_fingerprint=backbone.fingerprint, vector_options=opts)
+    if index_type and index_type != index.meta.get("index_type"):
+        index.attach_vectors(index_type, **opts)
+    return SearchEngine(backbone, index, settings)
+
+
+def _backbone_name_for(recorded: str) -> str:
+    """Map a recorded backbone name (``packaged:efficientnet-lite0+...``) back to a factory name."""
+    if recorded.startswith("packaged:efficientnet-"):
+        return "packaged:" + recorded.split("efficientnet-")[1].split("+")[0]
+    if recorded.startswith("open_clip:"):
+        spec = recorded.split(":", 1)[1]
+        if spec.endswith("/random"):
+            return "tiny:" + spec.split("/")[0]
+        return "open_clip:" + spec
+    return ""

@@ -1,0 +1,67 @@
+"""Shared fixtures: backbones and an index of the bundled gallery, built once per test session."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+GALLERY = ROOT / "assets" / "gallery"
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests never reach a model hub
+
+
+@pytest.fixture(scope="session")
+def packaged():
+    from engine.backbones import create_backbone
+
+    return create_backbone("packaged", "cpu")
+
+
+@pytest.fixture(scope="session")
+def tiny():
+    from engine.backbones import create_backbone
+
+    return create_backbone("tiny:tiny-vit-a", "cpu")
+
+
+@pytest.fixture(scope="session")
+def gallery_labels():
+    return json.loads((GALLERY / "labels.json").read_text())
+
+
+@pytest.fixture(scope="session")
+def gallery_index_dir(packaged):
+    """The bundled gallery indexed with the packaged backbone. Kept in the cache folder between runs:
+    the incremental indexer only re-embeds files whose content changed."""
+    from engine.config import cache_dir
+    from engine.index.build import index_source
+
+    out = cache_dir() / "test-gallery-index"
+    index_source(GALLERY, out, packaged)
+    return out
+
+
+@pytest.fixture(scope="session")
+def gallery_engine(gallery_index_dir, packaged, tmp_path_factory):
+    from engine.config import Settings
+    from engine.search import open_engine
+
+    s = Settings()
+    s.checkpoints = str(ROOT / "assets" / "checkpoints")
+    return open_engine(gallery_index_dir, backbone=packaged, settings=s)
+
+
+@pytest.fixture()
+def small_gallery(tmp_path):
+    """Eight small real photos from the bundled gallery, copied so tests may change them."""
+    import shutil
+
+    files = sorted(p for p in GALLERY.rglob("*.jpg"))[::40][:8]
+    out = tmp_path / "photos"
+    out.mkdir()
+    for i, f in enumerate(files):
+        shutil.copy(f, out / f"{i:02d}-{f.name}")
+    return out

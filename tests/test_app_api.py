@@ -1,0 +1,51 @@
+"""The named Gradio API endpoint `search`, called through gradio_client against a launched app."""
+import json
+import socket
+
+import pytest
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def app_url(gallery_engine):
+    from demo.ui import allowed_paths, build_demo
+
+    demo = build_demo(gallery_engine.settings, engine=gallery_engine)
+    port = _free_port()
+    demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True,
+                allowed_paths=allowed_paths(gallery_engine))
+    yield f"http://127.0.0.1:{port}/"
+    demo.close()
+
+
+def test_search_endpoint_through_gradio_client(app_url, gallery_engine, gallery_labels):
+    from gradio_client import Client, handle_file
+
+    client = Client(app_url, verbose=False)
+    assert "/search" in client.view_api(return_format="dict")["named_endpoints"]
+    gallery, explanation, raw, = client.predict(None, "a photo of a cat", "text", 0.5, 4, False, "none", 64,
+                                                api_name="/search")
+    data = json.loads(raw)
+    assert len(gallery) == 4 and len(data["results"]) == 4
+    assert all("cat" in gallery_labels[r["path"]] for r in data["results"][:3])
+    assert [r["rank"] for r in data["results"]] == [1, 2, 3, 4]
+    assert "Timings" in explanation
+
+    ref = str(gallery_engine.index.image_path(7))
+    gallery, _, raw = client.predict(handle_file(ref), "", "image", 0.5, 3, False, "none", 64, api_name="/search")
+    assert json.loads(raw)["results"][0]["id"] == 7
+
+
+def test_api_errors_are_clear_and_server_survives(app_url):
+    from gradio_client import Client
+
+    client = Client(app_url, verbose=False)
+    with pytest.raises(Exception, match="give a reference image"):
+        client.predict(None, "   ", "sum", 0.5, 3, False, "none", 64, api_name="/search")
+    gallery, _, _ = client.predict(None, "a red apple", "text", 0.5, 2, False, "none", 64, api_name="/search")
+    assert len(gallery) == 2

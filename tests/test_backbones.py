@@ -1,0 +1,90 @@
+"""Every backbone through the one interface: shapes, normalisation, tokens, pseudo-word injection."""
+import pytest
+import torch
+from PIL import Image
+
+from engine.backbones import create_backbone
+
+
+def _check_interface(b, n_tokens=None):
+    imgs = [Image.new("RGB", (90, 70), c) for c in [(250, 10, 10), (10, 10, 250)]]
+    x = torch.stack([b.preprocess(im) for im in imgs])
+    emb, tokens = b.encode_images_with_tokens(x)
+    assert emb.shape == (2, b.embed_dim)
+    assert torch.allclose(emb.norm(dim=-1), torch.ones(2), atol=1e-4)
+    assert tokens.shape[0] == 2 and tokens.shape[2] == b.vision_width
+    if n_tokens:
+        assert tokens.shape[1] == n_tokens
+    assert torch.allclose(b.encode_images(x), emb, atol=1e-5)
+    t = b.encode_texts(["a red square", "a blue square"])
+    assert t.embeddings.shape == (2, b.embed_dim) and t.notices == []
+    assert torch.allclose(t.embeddings.norm(dim=-1), torch.ones(2), atol=1e-4)
+    assert b.fingerprint.startswith(b.name + "@")
+
+
+@pytest.mark.parametrize("cfg,tokens", [("tiny-vit-a", 1 + 16), ("tiny-vit-b", 1 + 4)])
+def test_tiny_backbones(cfg, tokens):
+    b = create_backbone(f"tiny:{cfg}", "cpu")
+    _check_interface(b, tokens)
+
+
+def test_packaged_backbone(packaged):
+    _check_interface(packaged, 1 + 7 * 7)
+    assert packaged.embed_dim == 384 and packaged.vision_width == 1280
+
+
+def test_packaged_image_embedding_is_the_class_bridge(packaged):
+    """embedding = normalise(softmax(logits) @ normalised class-name text embeddings)."""
+    x = packaged.preprocess(Image.new("RGB", (64, 64), (30, 200, 40)))[None]
+    probs, _ = packaged.class_probabilities(x)
+    names = packaged.class_names[:3]
+    direct = packaged.encode_texts([f"a photo of a {n}." for n in names]).embeddings
+    assert torch.allclose(direct, packaged.class_text[:3], atol=1e-5)
+    expect = torch.nn.functional.normalize(probs @ packaged.class_text, dim=-1)
+    assert torch.allclose(packaged.encode_images(x), expect, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["tiny:tiny-vit-a", "tiny:tiny-vit-b", "packaged"])
+def test_pseudo_word_injection_matches_the_real_word(name):
+    b = create_backbone(name, "cpu")
+    for word in ("cat", "dog"):
+        emb = b.word_token_embedding(word)
+        injected = b.encode_texts_with_pseudo([f"a photo of a {b.placeholder}"], emb[None])
+        written = b.encode_texts([f"a photo of a {word}"]).embeddings
+        assert torch.allclose(injected, written, atol=1e-5)
+    # a different embedding gives a different text embedding, and gradients reach the pseudo word
+    p = torch.randn(1, b.token_dim, requires_grad=True)
+    out = b.encode_texts_with_pseudo([f"a photo of a {b.placeholder}"], p)
+    out.sum().backward()
+    assert p.grad is not None and p.grad.abs().sum() > 0
+
+
+def test_pseudo_word_needs_the_placeholder(tiny):
+    from engine.errors import EngineError
+
+    with pytest.raises(EngineError, match="placeholder"):
+        tiny.encode_texts_with_pseudo(["no placeholder here"], torch.zeros(1, tiny.token_dim))
+
+
+def test_overlong_text_is_truncated_with_a_notice(tiny):
+    long = "red " * 200
+    enc = tiny.encode_texts([long])
+    assert enc.embeddings.shape == (1, tiny.embed_dim)
+    assert enc.notices and "truncated" in enc.notices[0]
+
+
+def test_auto_falls_back_offline_fast(monkeypatch):
+    from engine.backbones import factory, openclip
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert openclip.hub_reachable(timeout=30) is False  # answers at once, without trying the network
+    b = factory.create_backbone("auto", "cpu", cache=False)
+    assert b.name.startswith("packaged:")
+    assert "offline" in b.why
+
+
+def test_unknown_backbone_is_a_clear_error():
+    from engine.errors import EngineError
+
+    with pytest.raises(EngineError, match="unknown backbone"):
+        create_backbone("nope", "cpu")

@@ -1,0 +1,96 @@
+"""`search` end to end on the bundled gallery with the packaged backbone: real semantic checks."""
+import numpy as np
+import pytest
+
+from engine.errors import InputError
+from engine.search import search
+
+
+def _labels_of(resp, labels):
+    return [set(labels.get(r.path, [])) for r in resp.results]
+
+
+def test_a_photo_of_a_cat_ranks_cat_photos_first(gallery_engine, gallery_labels):
+    cats = [p for p, ls in gallery_labels.items() if "cat" in ls]
+    assert len(cats) >= 5
+    resp = search(gallery_engine, text="a photo of a cat", method="text", k=5)
+    top = _labels_of(resp, gallery_labels)
+    assert all("cat" in ls for ls in top[:3]), [r.path for r in resp.results]
+    assert sum("cat" in ls for ls in top) >= 4
+
+
+def test_category_modification_moves_results_toward_the_named_category(gallery_engine, gallery_labels):
+    """Reference: a vehicle. Text: 'a photo of fruit'. The sum composer brings fruit into the top-k."""
+    eng = gallery_engine
+    ref = next(it["id"] for it in eng.index.items if "vehicles" in gallery_labels.get(it["path"], []))
+    k = 8
+    img_only = search(eng, image=ref, method="image", k=k)
+    composed = search(eng, image=ref, text="a photo of fruit", method="sum", alpha=0.6, k=k)
+    fruit = lambda resp: sum("fruit" in ls for ls in _labels_of(resp, gallery_labels))  # noqa: E731
+    assert fruit(img_only) == 0
+    assert fruit(composed) >= k // 2
+
+
+def test_image_query_finds_the_reference_itself(gallery_engine):
+    for item_id in (0, 57, 123):
+        resp = search(gallery_engine, image=item_id, method="image", k=1)
+        assert resp.results[0].id == item_id
+        assert resp.results[0].score == pytest.approx(1.0, abs=2e-3)
+    resp = search(gallery_engine, image=5, method="image", k=3, exclude_reference=True)
+    assert 5 not in [r.id for r in resp.results] and len(resp.results) == 3
+
+
+def test_reference_features_are_cached_by_content(gallery_engine, tmp_path):
+    path = gallery_engine.index.image_path(10)
+    copy = tmp_path / "same-bytes.jpg"
+    copy.write_bytes(path.read_bytes())
+    first = search(gallery_engine, image=str(path), text="at night", method="sum")
+    second = search(gallery_engine, image=str(copy), text="in the snow", method="sum")
+    assert first.reference_hash == second.reference_hash
+    assert second.timings_ms["image_cache_hit"] == 1.0
+    assert [r.id for r in search(gallery_engine, image=str(copy), method="image", k=1).results] == [10]
+
+
+def test_search_explain_matches_direct_computation(gallery_engine):
+    eng = gallery_engine
+    resp = search(eng, image=3, text="a red apple", method="sum", alpha=0.5, k=5, explain=True)
+    _, img, _, _ = eng.reference_features(3)
+    txt = eng.backbone.encode_texts(["a red apple"]).embeddings[0].numpy()
+    q = 0.5 * img.numpy() + 0.5 * txt
+    q /= np.linalg.norm(q)
+    for r in resp.results:
+        v = eng.index.embeddings[r.id].astype(np.float32)
+        assert r.explain["image_similarity"] == pytest.approx(float(v @ img.numpy()), abs=1e-4)
+        assert r.explain["text_similarity"] == pytest.approx(float(v @ txt), abs=1e-4)
+        assert r.explain["composed_score"] == pytest.approx(float(v @ q), abs=1e-3)
+        assert r.score == pytest.approx(r.explain["composed_score"], abs=2e-3)
+    scores = [r.score for r in resp.results]
+    assert scores == sorted(scores, reverse=True)
+
+
+def test_bad_inputs_leave_the_engine_working(gallery_engine, tmp_path):
+    eng = gallery_engine
+    bad = tmp_path / "x.jpg"
+    bad.write_text("not an image")
+    with pytest.raises(InputError, match="not an image"):
+        search(eng, image=str(bad), text="red")
+    with pytest.raises(InputError, match="give a reference image"):
+        search(eng, text="   ")
+    with pytest.raises(InputError, match="give a reference image"):
+        search(eng)
+    with pytest.raises(InputError, match="limit"):
+        search(eng, text="x" * 5000)
+    with pytest.raises(InputError, match="unknown method"):
+        search(eng, text="cat", method="magic")
+    with pytest.raises(InputError, match="k must be"):
+        search(eng, text="cat", k=0)
+    with pytest.raises(InputError, match="gallery item"):
+        search(eng, image=10**6, method="image")
+    # still answers after all that
+    assert len(search(eng, text="a photo of a cat", k=3).results) == 3
+
+
+def test_long_text_is_truncated_with_a_notice(gallery_engine):
+    text = " ".join(["x"] * 400)  # 400 tokens > MiniLM's 256, still under the 1000-character limit
+    resp = search(gallery_engine, text=text, method="text", k=2)
+    assert any("truncated" in n for n in resp.notices)
