@@ -2,7 +2,11 @@
 from __future__ import annotations
 
 import html
+import re
 from typing import List, Tuple
+from urllib.parse import quote
+
+from engine.export import breakdown_rows
 
 from engine.search import SearchEngine, SearchResponse
 
@@ -49,18 +53,27 @@ def gallery_items(engine: SearchEngine, resp: SearchResponse):
 
 
 def explanation_markdown(resp: SearchResponse) -> str:
+    return explanation_markdown_json(resp.to_json())
+
+
+def explanation_markdown_json(data: dict) -> str:
+    """'Why these results': the query's composition (formula, prompt, gate), the expansion, and a table
+    with each result's similarity to the reference image, to the text, the composed score and (with
+    expansion) where it came from. ``data`` is a search JSON (``SearchResponse.to_json()``)."""
+    explanation = data.get("explanation") or {}
+    method = data.get("method", "")
     lines = []
-    comp = resp.explanation.get("composer", {})
-    lines.append(f"**Method:** {esc(LABELS.get(resp.method, resp.method))}")
+    comp = explanation.get("composer", {}) or {}
+    lines.append(f"**Method:** {esc(LABELS.get(method, method))}")
     if comp.get("prompt"):
         lines.append(f"**Prompt encoded:** <code>{esc(comp['prompt'])}</code>")
     for key in ("formula", "gate", "gate_mean"):
-        if key in comp:
+        if comp.get(key) is not None:
             val = comp[key]
             lines.append(f"**{esc(key.replace('_', ' '))}:** {esc(f'{val:.3f}' if isinstance(val, float) else val)}")
     if "weights" in comp:
         lines.append("**Weights:** " + ", ".join(f"{esc(k)}={v:.2f}" for k, v in comp["weights"].items()))
-    ex = resp.explanation.get("expansion")
+    ex = explanation.get("expansion")
     if ex:
         lines.append(f"**Expansion:** {esc(EXPANDER_LABELS.get(ex['method'], ex['method']))} over "
                      f"{ex['nqe']} neighbours")
@@ -68,9 +81,12 @@ def explanation_markdown(resp: SearchResponse) -> str:
             w = float(nb["weight"])
             bar = "█" * max(0, min(20, int(round(abs(w) * 20))))
             lines.append(f"<code>{bar:<20}</code> {w:.3f} {esc(nb['path'])}")
-    for n in resp.notices:
+    for n in data.get("notices", []):
         lines.append(f"⚠️ {esc(n)}")
-    t = resp.timings_ms
+    table = why_table_markdown(data)
+    if table:
+        lines.append(table)
+    t = data.get("timings_ms", {})
     stages = ", ".join(f"{esc(k)} {v:.1f} ms" for k, v in t.items() if k != "image_cache_hit")
     hit = " (reference features from cache)" if t.get("image_cache_hit") else ""
     lines.append(f"**Timings:** {stages}{hit}")
@@ -84,3 +100,114 @@ def backbone_markdown(engine: SearchEngine) -> str:
     return (f"**Backbone:** `{esc(b['name'])}` on {esc(b['device'])} — {esc(b.get('why', ''))}  \n"
             f"**Gallery:** {st['items']} images, index `{esc(vi.get('type', st['index_type']))}`, "
             f"{vi.get('bytes_per_item', 0):g} bytes per image in the vector index")
+
+
+def _f(v, fmt="{:.3f}") -> str:
+    return "–" if v is None else fmt.format(v)
+
+
+def expansion_cell(row: dict) -> str:
+    """How expansion moved a result: 'new (from the expanded query)', '▲ 3 (was #5)', '▼ 1', '='."""
+    if row.get("from_expanded_query") is None:
+        return ""
+    before, change = row["rank_before_expansion"], row["rank_change"]
+    if before is None:
+        return "new (from the expanded query)"
+    tag = " (from the expanded query)" if row["from_expanded_query"] else ""
+    if change > 0:
+        return f"▲ {change} (was #{before}){tag}"
+    if change < 0:
+        return f"▼ {-change} (was #{before}){tag}"
+    return "= (same rank)"
+
+
+def why_table_markdown(data: dict) -> str:
+    """Markdown table: one row per result with its score breakdown."""
+    rows = breakdown_rows(data)
+    if not rows:
+        return ""
+    expanded = any(r["from_expanded_query"] is not None for r in rows)
+    head = "| # | Result | Composed score | Image similarity | Text similarity |" + (" Expansion |" if expanded else "")
+    sep = "|---:|---|---:|---:|---:|" + ("---|" if expanded else "")
+    out = ["**Why each result** (cosine similarity of the result to the reference image alone, to the text "
+           "alone, and to the composed query)", "", head, sep]
+    for r in rows:
+        name = esc(r["caption"] or r["path"]).replace("|", "&#124;")
+        line = (f"| {r['rank']} | {name} | {_f(r['composed_score'] if r['composed_score'] is not None else r['score'])}"
+                f" | {_f(r['image_similarity'])} | {_f(r['text_similarity'])} |")
+        if expanded:
+            line += f" {esc(expansion_cell(r))} |"
+        out.append(line)
+    return "\n".join(out)
+
+
+def file_url(path) -> str:
+    """URL of a file the server may serve (relative, so it works under a proxy path)."""
+    return "gradio_api/file=" + quote(str(path))
+
+
+def _why_title(r: dict) -> str:
+    e = r.get("explain") or {}
+    parts = [f"#{r['rank']} {r.get('caption') or r['path']}", f"composed {_f(e.get('composed_score', r['score']))}"]
+    if e.get("image_similarity") is not None:
+        parts.append(f"image {_f(e['image_similarity'])}")
+    if e.get("text_similarity") is not None:
+        parts.append(f"text {_f(e['text_similarity'])}")
+    if "rank_before_expansion" in e:
+        b = e["rank_before_expansion"]
+        parts.append("new from the expanded query" if b is None else f"was #{b} before expansion")
+    return " · ".join(parts)
+
+
+def column_dom_id(key: str) -> str:
+    """DOM id of a compare column: ``compare-col-sum``, ``compare-col-sum-lattqe``."""
+    return "compare-col-" + re.sub(r"[^A-Za-z0-9_-]", "-", key)
+
+
+def compare_html(image_for, data: dict) -> str:
+    """Compare mode as HTML: a responsive grid of columns (one per method), per-method timings,
+    results found by several columns outlined and badged (not by colour alone), captions as alt text
+    and the score breakdown as each image's tooltip. ``image_for(id)`` gives the file to show."""
+    cols = data.get("columns", [])
+    shared = {int(i): keys for i, keys in (data.get("shared") or {}).items()}
+    out = [f'<div class="cmp-summary" role="status">{len(cols)} methods in {data.get("wall_ms", 0):.0f} ms'
+           f' · <span class="cmp-shared-key">outlined ⧉N</span> = found by N methods</div>',
+           '<div class="cmp-grid">']
+    for c in cols:
+        resp = c.get("response") or {}
+        extra = ""
+        comp = (resp.get("explanation") or {}).get("composer", {}) if resp else {}
+        if comp.get("prompt") and c["method"] == "context-i2w":
+            extra += f'<div class="cmp-note">prompt: <code>{esc(comp["prompt"])}</code></div>'
+        if comp.get("gate_mean") is not None:
+            extra += f'<div class="cmp-note">gate mean: {float(comp["gate_mean"]):.3f}</div>'
+        out.append(f'<section class="cmp-col" id="{column_dom_id(c["key"])}" data-method="{esc(c["method"])}" '
+                   f'data-expand="{esc(c["expand"])}" aria-label="{esc(c["label"])}">')
+        out.append(f'<h3>{esc(c["label"])} <span class="cmp-time">{c["wall_ms"]:.0f} ms</span></h3>{extra}')
+        if c.get("error"):
+            out.append(f'<p class="cmp-error">Not run: {esc(c["error"])}</p></section>')
+            continue
+        out.append('<ol class="cmp-list">')
+        for r in resp.get("results", []):
+            n = len(shared.get(int(r["id"]), []))
+            cls = "cmp-item shared" if n > 1 else "cmp-item"
+            badge = f'<span class="cmp-badge" title="found by {n} methods">⧉{n}</span>' if n > 1 else ""
+            cap = r.get("caption") or r["path"]
+            out.append(f'<li class="{cls}" data-id="{int(r["id"])}" data-shared="{n}">'
+                       f'<img src="{esc(file_url(image_for(int(r["id"]))))}" alt="{esc(cap)}" '
+                       f'title="{esc(_why_title(r))}">'
+                       f'<span class="cmp-cap">#{r["rank"]} · {float(r["score"]):.3f} {badge}<br>{esc(cap)}</span></li>')
+        out.append("</ol></section>")
+    out.append("</div>")
+    return "".join(out)
+
+
+def compare_summary_markdown(data: dict) -> str:
+    """Explanation panel text after a compare run: timings per method and the shared results."""
+    lines = ["**Compare mode** — the same query through every available method."]
+    for c in data.get("columns", []):
+        state = f"not run: {esc(c['error'])}" if c.get("error") else f"{len((c.get('response') or {}).get('results', []))} results"
+        lines.append(f"- {esc(c['label'])}: {c['wall_ms']:.0f} ms, {state}")
+    lines.append(f"**Total:** {data.get('wall_ms', 0):.0f} ms · {len(data.get('shared', {}))} images found by "
+                 "more than one method")
+    return "\n".join(lines)

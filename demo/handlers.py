@@ -1,6 +1,8 @@
 """Event handlers: plain functions from UI values to UI values. They call the engine's one `search`."""
 import functools
 import json
+import tempfile
+from pathlib import Path
 from typing import Optional
 
 import gradio as gr
@@ -8,8 +10,10 @@ import gradio as gr
 from engine.errors import EngineError
 from engine.search import SearchEngine, search
 from engine.service import build_session_engine, drop_session_engine
+from engine.share import from_query_string, reference_file, resolve_reference, state_for, to_query_string
 
-from .formatting import backbone_markdown, esc, explanation_markdown, gallery_items
+from .formatting import (LABELS, backbone_markdown, compare_html, compare_summary_markdown, esc, explanation_markdown,
+                         gallery_items)
 
 
 def user_errors(fn):
@@ -81,3 +85,148 @@ def index_upload(base: SearchEngine, old: Optional[SearchEngine], file, progress
 
 def info_markdown(engine: SearchEngine) -> str:
     return backbone_markdown(engine)
+
+
+# -- compare mode, shareable links, history, export ----------------------------------------
+HISTORY_MAX = 10
+UI_MAX_K, UI_MAX_NQE = 48, 128  # slider ranges; a restored link is clamped to them
+
+
+def run_compare(engine: SearchEngine, image, text, alpha, k, lattqe_on, nqe):
+    """Compare mode: returns (compare HTML, compare JSON). LAttQE columns are added when the LAttQE
+    box is ticked and LAttQE is available."""
+    from engine.compare import compare
+
+    lattqe = bool(lattqe_on) and "lattqe" in engine.expanders
+    res = compare(engine, image=image or None, text=text, alpha=float(alpha), k=int(k), nqe=int(nqe), lattqe=lattqe)
+    data = res.to_json()
+    return compare_html(engine.index.display_path, data), json.dumps(data, indent=2)
+
+
+def _expand_parts(expand: str):
+    """(LAttQE checkbox, other-expander dropdown) for an expansion name."""
+    return (True, "none") if expand == "lattqe" else (False, expand or "none")
+
+
+def history_label(engine: SearchEngine, st) -> str:
+    """One line naming a past query: reference, text, method (or compare), k, expansion."""
+    if st.image_id is not None:
+        it = engine.index.items[st.image_id]
+        ref = it.get("caption") or it["path"]
+    elif st.image_hash is not None:
+        ref = "uploaded image " + st.image_hash[:8]
+    else:
+        ref = ""
+    text = f"“{st.text}”" if st.text else ""
+    what = " + ".join(x for x in (ref, text) if x)
+    mode = "compare all methods" if st.view == "compare" else LABELS.get(st.method, st.method)
+    return f"{what} · {mode} · k={st.k}" + ("" if st.expand == "none" else f" · {st.expand}")
+
+
+def _remember(engine: SearchEngine, history, st):
+    """History with ``st`` first (deduplicated, at most HISTORY_MAX); returns (history, dataset update)."""
+    qs = to_query_string(st)
+    entries = [e for e in (history or []) if e["qs"] != qs]
+    entries.insert(0, {"qs": qs, "label": history_label(engine, st)})
+    entries = entries[:HISTORY_MAX]
+    return entries, gr.Dataset(samples=[[e["label"]] for e in entries])
+
+
+def after_query(engine: SearchEngine, view, image, text, method, alpha, k, lattqe_on, expander, nqe, raw, history):
+    """After a successful search or compare run: the share query string, the history, the data to export.
+
+    Returns (query string, history, history dataset update, export data)."""
+    st = state_for(engine, image or None, text, method, alpha, k, expansion_name(bool(lattqe_on), expander), nqe,
+                   view=view)
+    hist, ds = _remember(engine, history, st)
+    return to_query_string(st), hist, ds, json.loads(raw) if raw else None
+
+
+def run_state(engine: SearchEngine, st, history):
+    """Restores a query state into the inputs and runs it. Returns the values of RESTORE_OUTPUTS:
+    (image, text, method, alpha, k, lattqe, expander, nqe, gallery, explanation, raw, ids, compare html,
+    query string, history, history dataset, export data)."""
+    st.k, st.nqe = min(int(st.k), UI_MAX_K), min(int(st.nqe), UI_MAX_NQE)
+    ref = resolve_reference(engine, st)
+    shown = reference_file(engine, st)
+    lattqe_on, expander = _expand_parts(st.expand)
+    if st.view == "compare":
+        html_, raw = run_compare(engine, ref, st.text, st.alpha, st.k, lattqe_on, st.nqe)
+        data = json.loads(raw)
+        gallery, expl, ids = gr.update(value=[], visible=False), compare_summary_markdown(data), []
+    else:
+        resp = search(engine, image=ref, text=st.text, method=st.method, alpha=st.alpha, k=st.k,
+                      expand=st.expand, nqe=st.nqe, explain=True)
+        data = resp.to_json()
+        gallery, expl, raw, ids, html_ = (gr.update(value=gallery_items(engine, resp), visible=True),
+                                          explanation_markdown(resp),
+                                          json.dumps(data, indent=2), [r.id for r in resp.results], "")
+    hist, ds = _remember(engine, history, st)
+    return (shown, st.text, st.method, st.alpha, st.k, lattqe_on, expander, st.nqe, gallery, expl, raw, ids, html_,
+            to_query_string(st), hist, ds, data)
+
+
+N_RESTORE_OUTPUTS = 17
+
+
+def restore_from_url(engine: SearchEngine, history, request: gr.Request):
+    """Page load: when the URL carries a query (see engine.share), restore it and run it."""
+    params = dict(request.query_params) if request is not None else {}
+    try:
+        st = from_query_string(params)
+        if st is None:
+            return tuple(gr.update() for _ in range(N_RESTORE_OUTPUTS))
+        return run_state(engine, st, history)
+    except EngineError as exc:
+        gr.Warning(f"Could not open this link: {exc}")
+        return tuple(gr.update() for _ in range(N_RESTORE_OUTPUTS))
+
+
+def rerun_history(engine: SearchEngine, history, index):
+    """A click on a history entry reruns that query."""
+    if index is None or not history or not 0 <= int(index) < len(history):
+        return tuple(gr.update() for _ in range(N_RESTORE_OUTPUTS))
+    st = from_query_string(history[int(index)]["qs"])
+    return run_state(engine, st, history)
+
+
+def export_json_file(engine: SearchEngine, data):
+    """The last results as a JSON file (same schema as `python -m engine search --json`, or the compare JSON)."""
+    from engine.export import export_json
+
+    if not data:
+        raise EngineError("nothing to export yet: run a search first")
+    folder = Path(tempfile.mkdtemp(prefix="cis-export-"))
+    stem = "compare" if "columns" in data else "results"
+    return str(export_json(data, folder / f"{stem}.json"))
+
+
+def export_png_file(engine: SearchEngine, data):
+    """The last results as a contact-sheet PNG (rank, score and caption under each image)."""
+    from engine.export import export_contact_sheet
+
+    if not data:
+        raise EngineError("nothing to export yet: run a search first")
+    folder = Path(tempfile.mkdtemp(prefix="cis-export-"))
+    stem = "compare" if "columns" in data else "results"
+    return str(export_contact_sheet(data, engine.index.display_path, folder / f"{stem}-contact-sheet.png"))
+
+
+def compare_cleared(raw):
+    """After a compare run: the single-method gallery is emptied and hidden, the explanation summarises the run."""
+    data = json.loads(raw) if raw else {}
+    return gr.update(value=[], visible=False), [], compare_summary_markdown(data)
+
+
+def search_shown():
+    """After a single-method search: the compare columns are cleared and the results gallery shown."""
+    return "", gr.update(visible=True)
+
+
+def url_restorer(engine: SearchEngine):
+    """The page-load handler (a closure: Gradio finds the gr.Request parameter by its type hint)."""
+
+    def restore(history, request: gr.Request):
+        return restore_from_url(engine, history, request)
+
+    return restore

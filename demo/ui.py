@@ -20,6 +20,62 @@ INTRO = ("Give a reference image and say what to change — *same dress but red*
 CSS = """
 #results .caption-label { white-space: normal; }
 @media (max-width: 640px) { #controls { flex-direction: column; } }
+/* compare mode: responsive columns, readable in light and dark themes (Gradio's theme variables) */
+#compare-results .cmp-summary { margin: 4px 0 8px; color: var(--body-text-color-subdued); }
+#compare-results .cmp-grid { display: grid; grid-template-columns: repeat(auto-fit, minmax(200px, 1fr)); gap: 12px; }
+#compare-results .cmp-col { border: 1px solid var(--border-color-primary); border-radius: 8px; padding: 8px;
+  background: var(--block-background-fill); color: var(--body-text-color); min-width: 0; }
+#compare-results .cmp-col h3 { font-size: 1rem; margin: 0 0 6px; display: flex; justify-content: space-between; gap: 6px; }
+#compare-results .cmp-time { font-weight: normal; color: var(--body-text-color-subdued); white-space: nowrap; }
+#compare-results .cmp-note { font-size: .85rem; color: var(--body-text-color-subdued); overflow-wrap: anywhere; }
+#compare-results .cmp-error { color: var(--error-text-color, #b91c1c); font-size: .9rem; }
+#compare-results .cmp-list { list-style: none; margin: 0; padding: 0; display: grid;
+  grid-template-columns: repeat(2, minmax(0, 1fr)); gap: 8px; }
+#compare-results .cmp-item { border: 2px solid transparent; border-radius: 6px; padding: 2px; }
+#compare-results .cmp-item.shared { border-color: var(--color-accent); }
+#compare-results .cmp-item img { width: 100%; aspect-ratio: 1 / 1; object-fit: contain; display: block;
+  background: var(--background-fill-secondary); border-radius: 4px; }
+#compare-results .cmp-cap { font-size: .8rem; line-height: 1.2; display: block; overflow-wrap: anywhere; }
+#compare-results .cmp-badge, #compare-results .cmp-shared-key { border: 2px solid var(--color-accent);
+  border-radius: 4px; padding: 0 3px; font-weight: 600; }
+#share-row, #export-row { align-items: end; }
+@media (max-width: 640px) {
+  #share-row, #export-row, .cis-buttons { flex-direction: column; align-items: stretch; }
+  #compare-results .cmp-grid { grid-template-columns: 1fr; }
+  #compare-results .cmp-list { grid-template-columns: repeat(3, minmax(0, 1fr)); }
+}
+"""
+
+# After a query: put its state in the page URL (keeping Gradio's own "__" parameters such as __theme) and in
+# the visible share link. Inputs: (query string, current link); output: the link.
+SET_URL_JS = """
+(qs, current) => {
+  if (!qs) { return current; }
+  const link = window.location.origin + window.location.pathname + '?' + qs;
+  const page = new URLSearchParams(qs);
+  for (const [key, value] of new URLSearchParams(window.location.search)) {
+    if (key.startsWith('__')) { page.set(key, value); }
+  }
+  try { window.history.replaceState(null, '', window.location.pathname + '?' + page.toString()); } catch (e) {}
+  return link;
+}
+"""
+
+# "Copy link": the clipboard API where allowed, else select the link box and copy; the button says it worked.
+COPY_JS = """
+(link) => {
+  const url = link || window.location.href;
+  const box = document.querySelector('#share-link textarea, #share-link input');
+  const done = () => {
+    const b = document.querySelector('#copy-link');
+    if (b) { const old = b.textContent; b.textContent = 'Copied'; setTimeout(() => { b.textContent = old; }, 1500); }
+  };
+  const fallback = () => { if (box) { box.select(); try { document.execCommand('copy'); done(); } catch (e) {} } };
+  if (navigator.clipboard && window.isSecureContext) {
+    navigator.clipboard.writeText(url).then(done, fallback);
+  } else { fallback(); }
+  return [];
+}
 """
 
 
@@ -40,7 +96,7 @@ def example_queries(engine: SearchEngine, n: int = 4):
     return picks
 
 
-def _search_controls(engine: SearchEngine, prefix: str):
+def _search_controls(engine: SearchEngine, prefix: str, with_compare: bool = False):
     methods = method_choices(engine)
     default_method = "sum" if "sum" in engine.composers else next(iter(engine.composers))
     with gr.Row(elem_id=f"{prefix}controls"):
@@ -52,24 +108,32 @@ def _search_controls(engine: SearchEngine, prefix: str):
                               max_lines=2, elem_id=f"{prefix}text")
             with gr.Row():
                 method = gr.Dropdown(methods, value=default_method, label="Method", elem_id=f"{prefix}method")
-                k = gr.Slider(1, 48, value=12, step=1, label="Results (top-k)", elem_id=f"{prefix}k")
-            alpha = gr.Slider(0, 1, value=0.5, step=0.05, label="α (text weight, weighted sum)")
+                k = gr.Slider(1, h.UI_MAX_K, value=12, step=1, label="Results (top-k)", elem_id=f"{prefix}k")
+            alpha = gr.Slider(0, 1, value=0.5, step=0.05, label="α (text weight, weighted sum)", elem_id=f"{prefix}alpha")
             lattqe_reason = engine.expanders_unavailable.get("lattqe")
             lattqe = gr.Checkbox(value=False, label="LAttQE expansion", interactive=lattqe_reason is None,
                                  info=("re-forms the query from its top results" if lattqe_reason is None
                                        else f"unavailable: {lattqe_reason}"), elem_id=f"{prefix}lattqe")
             with gr.Accordion("Expansion options", open=False):
                 others = [(EXPANDER_LABELS.get(n, n), n) for n in engine.expanders if n != "lattqe"]
-                expander = gr.Dropdown(others, value="none", label="Expansion (when LAttQE is off)")
-                nqe = gr.Slider(1, 128, value=64, step=1, label="nQE (neighbours used)")
-            button = gr.Button("Search", variant="primary", elem_id=f"{prefix}search")
+                expander = gr.Dropdown(others, value="none", label="Expansion (when LAttQE is off)",
+                                       elem_id=f"{prefix}expander")
+                nqe = gr.Slider(1, h.UI_MAX_NQE, value=64, step=1, label="nQE (neighbours used)", elem_id=f"{prefix}nqe")
+            with gr.Row(elem_classes=["cis-buttons"]):
+                button = gr.Button("Search", variant="primary", elem_id=f"{prefix}search")
+                compare_btn = (gr.Button("Compare methods", variant="secondary", elem_id=f"{prefix}compare")
+                               if with_compare else None)
     gallery = gr.Gallery(label="Results", columns=4, height="auto", elem_id=f"{prefix}results",
                          allow_preview=False, object_fit="contain")
+    compare_out = gr.HTML("", elem_id=f"{prefix}compare-results", label="Compare methods") if with_compare else None
     with gr.Accordion("Why these results", open=False):
         explanation = gr.Markdown(elem_id=f"{prefix}explanation")
     with gr.Accordion("Results as JSON", open=False):
         raw = gr.Code(language="json", elem_id=f"{prefix}json", label="Same schema as `python -m engine search --json`")
     ids = gr.State([])
+    if with_compare:
+        return (image, text, method, alpha, k, lattqe, expander, nqe, button, gallery, explanation, raw, ids,
+                compare_btn, compare_out)
     return image, text, method, alpha, k, lattqe, expander, nqe, button, gallery, explanation, raw, ids
 
 
@@ -82,16 +146,57 @@ def build_demo(settings: Optional[Settings] = None, engine: Optional[SearchEngin
         with gr.Tabs():
             with gr.Tab("Search the gallery", id="main"):
                 (image, text, method, alpha, k, lattqe, expander, nqe, button, gallery, explanation, raw,
-                 ids) = _search_controls(engine, "")
+                 ids, compare_btn, compare_out) = _search_controls(engine, "", with_compare=True)
+                with gr.Row(elem_id="share-row"):
+                    share_link = gr.Textbox(label="Link to this query", interactive=False, elem_id="share-link",
+                                            placeholder="run a search to get a shareable link", scale=4,
+                                            min_width=220)
+                    copy_btn = gr.Button("Copy link", elem_id="copy-link", scale=1, min_width=120)
+                with gr.Row(elem_id="export-row"):
+                    export_json_btn = gr.Button("Download JSON", elem_id="export-json", min_width=140)
+                    export_png_btn = gr.Button("Download contact sheet (PNG)", elem_id="export-png", min_width=200)
+                    export_file = gr.File(label="Download", elem_id="export-file", interactive=False, min_width=200)
+                history_ds = gr.Dataset(components=["textbox"], samples=[], type="index", label="Recent queries",
+                                        headers=["Recent queries (click to rerun)"], elem_id="history",
+                                        layout="table", samples_per_page=10)
                 examples = example_queries(engine)
                 if examples:
                     gr.Examples(examples, inputs=[image, text], label="Try one")
+                qs = gr.Textbox(visible=False, elem_id="share-qs")
+                history = gr.State([])
+                last = gr.State(None)
+
                 inputs = [image, text, method, alpha, k, lattqe, expander, nqe]
                 outputs = [gallery, explanation, raw, ids]
                 search_fn = h.user_errors(functools.partial(h.run_search, engine))
-                button.click(search_fn, inputs, outputs, api_name="search", concurrency_limit=4)
-                text.submit(search_fn, inputs, outputs, api_name=False, concurrency_limit=4)
+                after_search = functools.partial(h.after_query, engine, "search")
+                after_compare = functools.partial(h.after_query, engine, "compare")
+                post = [qs, history, history_ds, last]
+                for trigger, api in ((button.click, "search"), (text.submit, False)):
+                    (trigger(search_fn, inputs, outputs, api_name=api, concurrency_limit=4)
+                     .success(after_search, inputs + [raw, history], post, api_name=False)
+                     .success(h.search_shown, None, [compare_out, gallery], api_name=False)
+                     .success(None, [qs, share_link], share_link, js=SET_URL_JS, api_name=False))
+                compare_fn = h.user_errors(functools.partial(h.run_compare, engine))
+                (compare_btn.click(compare_fn, [image, text, alpha, k, lattqe, nqe], [compare_out, raw],
+                                   api_name="compare", concurrency_limit=2)
+                 .success(after_compare, inputs + [raw, history], post, api_name=False)
+                 .success(h.compare_cleared, [raw], [gallery, ids, explanation], api_name=False)
+                 .success(None, [qs, share_link], share_link, js=SET_URL_JS, api_name=False))
                 gallery.select(h.reference_picker(engine), [ids], image, api_name=False)
+                restore_outputs = [image, text, method, alpha, k, lattqe, expander, nqe, gallery, explanation, raw, ids,
+                                   compare_out, qs, history, history_ds, last]
+                assert len(restore_outputs) == h.N_RESTORE_OUTPUTS
+                (demo.load(h.url_restorer(engine), [history], restore_outputs, api_name=False)
+                 .success(None, [qs, share_link], share_link, js=SET_URL_JS, api_name=False))
+                (history_ds.click(h.user_errors(functools.partial(h.rerun_history, engine)), [history, history_ds],
+                                  restore_outputs, api_name=False, concurrency_limit=4)
+                 .success(None, [qs, share_link], share_link, js=SET_URL_JS, api_name=False))
+                copy_btn.click(None, [share_link], None, js=COPY_JS, api_name=False)
+                export_json_btn.click(h.user_errors(functools.partial(h.export_json_file, engine)), [last], export_file,
+                                      api_name=False)
+                export_png_btn.click(h.user_errors(functools.partial(h.export_png_file, engine)), [last], export_file,
+                                     api_name=False)
             with gr.Tab("Search your own photos", id="own"):
                 gr.Markdown("Upload a **.zip** of photos (jpg, png, webp, bmp, tiff, gif). They are indexed for "
                             "this session only and deleted when you leave.")
@@ -110,7 +215,12 @@ def build_demo(settings: Optional[Settings] = None, engine: Optional[SearchEngin
                                concurrency_limit=4)
                 o_text.submit(h.user_errors(h.run_search), o_inputs, o_outputs, api_name=False)
                 o_gallery.select(h.result_as_reference, [session, o_ids], o_image, api_name=False)
-    demo.queue(max_size=int(settings_value("CIS_QUEUE_MAX", 64)), default_concurrency_limit=4)
+    # Queue: each event runs at most its `concurrency_limit` jobs at once (events without one: CIS_CONCURRENCY);
+    # at most CIS_QUEUE_MAX jobs wait. Beyond that the page shows Gradio's "This application is currently busy.
+    # Please try again." and API clients get HTTP 503 "Queue is full" instead of an ever longer wait.
+    demo.queue(max_size=max(1, int(settings_value("CIS_QUEUE_MAX", 64))),
+               default_concurrency_limit=max(1, int(settings_value("CIS_CONCURRENCY", 4))),
+               status_update_rate="auto", api_open=False)
     demo.cis_engine = engine
     return demo
 
@@ -122,5 +232,13 @@ def settings_value(name: str, default):
 
 
 def allowed_paths(engine: SearchEngine):
-    """The only folders the server may serve files from: the gallery, its thumbnails, session galleries."""
-    return [str(engine.index.source), str(Path(engine.index.folder) / "thumbs"), str(sessions_dir())]
+    """The only folders the server may serve files from: the gallery, its thumbnails, session galleries.
+
+    Nothing else (not the repository, the index files or the checkpoints) is listed; Gradio also serves
+    its own cache of uploads and outputs. Paths are resolved so that `..` or links cannot widen them."""
+    out = []
+    for p in (Path(engine.index.source), Path(engine.index.folder) / "thumbs", sessions_dir()):
+        p = str(p.resolve())
+        if p not in out:
+            out.append(p)
+    return out

@@ -97,12 +97,13 @@ def cmd_search(args) -> int:
     else:
         for n in resp.notices:
             print(f"note: {n}")
-        for r in resp.results:
-            extra = ""
-            if args.explain:
-                e = r.explain
-                extra = "  " + " ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in e.items())
-            print(f"{r.rank:3d}  {r.score:.4f}  {r.path}  {r.caption}{extra}")
+        if args.explain:
+            from .export import format_explain
+
+            print(format_explain(resp.to_json()))
+        else:
+            for r in resp.results:
+                print(f"{r.rank:3d}  {r.score:.4f}  {r.path}  {r.caption}")
         print("timings (ms): " + ", ".join(f"{k}={v:.1f}" for k, v in resp.timings_ms.items()))
     return 0
 
@@ -153,9 +154,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    verbose = [a for a in argv[:1] if a in ("-v", "--verbose")]
+    rest = argv[len(verbose):]
+    if rest and rest[0] in ("train", "eval", "bench", "compare", "loadtest"):
+        # these stages parse their own options
+        logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(levelname)s %(message)s")
+        argv = [*verbose, rest[0], "--", *rest[1:]]
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(message)s")
+    if getattr(args, "rest", None) and args.rest[0] == "--":
+        args.rest = args.rest[1:]
     try:
         if args.command == "train":
             if not args.rest or args.rest[0] not in TRAINERS:

@@ -1,0 +1,271 @@
+"""`python -m engine bench`: figures for docs/BENCHMARKS.md, measured in one run on this machine.
+
+Sections (``--only`` picks some): query (per-stage latency per composer/expander, cache speed-up),
+indexing (throughput vs the backbone's raw forward pass), ann (search latency and recall@10 per index
+type at 100k / 1M synthetic vectors), memory (bytes per gallery item), plus the sections other parts
+register in ``EXTRA_SECTIONS`` (ICS, query expansion, Context-I2W, compare mode).
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import platform
+import time
+from pathlib import Path
+from typing import Callable, Dict, List
+
+import numpy as np
+
+from .config import ROOT, Settings
+
+# name -> "module:function"; each function takes (args, ctx) and returns (markdown, json-able dict)
+EXTRA_SECTIONS: Dict[str, str] = {
+    "expanders": "engine.expand.bench:bench_section",
+    "ics": "engine.index.ics_bench:bench_section",
+    "context-i2w": "engine.compose.context_i2w_bench:bench_section",
+}
+
+
+def pct(values: List[float], q: float) -> float:
+    return float(np.percentile(np.asarray(values, dtype=np.float64), q)) if values else float("nan")
+
+
+def machine() -> str:
+    import torch
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none"
+    return f"{cpu}, {os.cpu_count()} cores, GPU: {gpu}, torch {torch.__version__}, {platform.python_version()}"
+
+
+def section_query(args, ctx):
+    from .search import search
+
+    eng = ctx["engine"]
+    rng = np.random.default_rng(0)
+    ids = rng.choice(len(eng.index), size=min(args.queries, len(eng.index)), replace=False)
+    rows, data = [], {}
+    for method in eng.composers:
+        for expand in ["none"] + [e for e in eng.expanders if e != "none"]:
+            stages: Dict[str, List[float]] = {}
+            for n, i in enumerate(ids):
+                eng.cache._d.clear()
+                resp = search(eng, image=int(i), text="the same but red", method=method, expand=expand, k=12)
+                for k, v in resp.timings_ms.items():
+                    if k != "image_cache_hit":
+                        stages.setdefault(k, []).append(v)
+            data[f"{method}/{expand}"] = {k: {"p50": pct(v, 50), "p95": pct(v, 95)} for k, v in stages.items()}
+            tot = stages["total"]
+            rows.append(f"| {method} | {expand} | " + " | ".join(
+                f"{pct(stages.get(s, []), 50):.1f} / {pct(stages.get(s, []), 95):.1f}"
+                for s in ("encode_image", "compose", "search", "expand")) + f" | {pct(tot, 50):.1f} / {pct(tot, 95):.1f} |")
+    # cache: the same image again (features from the content-hash cache) vs the first time
+    path = str(eng.index.image_path(int(ids[0])))
+    firsts, repeats = [], []
+    for n in range(args.queries):
+        eng.cache._d.clear()
+        t = time.perf_counter()
+        search(eng, image=path, text="at night", method="sum")
+        firsts.append((time.perf_counter() - t) * 1e3)
+        t = time.perf_counter()
+        search(eng, image=path, text="in the snow", method="sum")
+        repeats.append((time.perf_counter() - t) * 1e3)
+    speed = pct(firsts, 50) / max(pct(repeats, 50), 1e-9)
+    data["cache"] = {"first_ms_p50": pct(firsts, 50), "repeat_ms_p50": pct(repeats, 50), "speedup": speed}
+    md = [f"Bundled gallery ({len(eng.index)} images), backbone `{eng.backbone.name}`, {len(ids)} queries "
+          "(gallery images as references, text 'the same but red'), feature cache cleared before each query.",
+          "", "| method | expansion | encode image p50/p95 ms | compose | search | expand | total |",
+          "|---|---|---|---|---|---|---|", *rows, "",
+          f"Same reference image again (features from the content-hash cache): first query p50 "
+          f"{pct(firsts, 50):.1f} ms, repeated {pct(repeats, 50):.1f} ms -> **{speed:.1f}x** faster (target >= 5x)."]
+    return "\n".join(md), data
+
+
+def section_indexing(args, ctx):
+    """Indexing throughput (decode + preprocess + embed + write) vs the raw forward pass on the same batch."""
+    import shutil
+    import tempfile
+
+    import torch
+
+    from .index.pipeline import build_index
+    from .images import load_image
+
+    eng = ctx["engine"]
+    b = eng.backbone
+    src = Path(eng.index.source)
+    files = sorted(src.rglob("*.jpg"))[: args.index_images]
+    tmp = Path(tempfile.mkdtemp())
+    try:
+        for i, f in enumerate(files):
+            shutil.copy(f, tmp / f"{i:04d}.jpg")
+        batch = torch.stack([b.preprocess(load_image(f)) for f in files[: args.batch_size]])
+        with torch.no_grad():
+            b.encode_images(batch)  # warm-up
+            t = time.perf_counter()
+            reps = max(1, len(files) // len(batch))
+            for _ in range(reps):
+                b.encode_images(batch)
+            raw = reps * len(batch) / (time.perf_counter() - t)
+        t = time.perf_counter()
+        build_index(tmp, tmp / ".idx", b, batch_size=args.batch_size, progress=lambda *a: None)
+        full = len(files) / (time.perf_counter() - t)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    ratio = full / raw
+    md = (f"{len(files)} gallery JPEGs, batch {args.batch_size}, DataLoader workers 2: raw forward "
+          f"{raw:.1f} img/s, full indexing (read, decode, preprocess, thumbnail, embed, shard, FAISS, save) "
+          f"{full:.1f} img/s -> **ratio {ratio:.2f}** (target >= 0.85).")
+    return md, {"raw_img_s": raw, "index_img_s": full, "ratio": ratio}
+
+
+def clustered(n: int, d: int, seed: int = 0, centers: int = 1000) -> np.ndarray:
+    """Synthetic normalised embeddings with cluster structure (like real image embeddings)."""
+    rng = np.random.default_rng(seed)
+    c = rng.normal(size=(centers, d)).astype(np.float32)
+    x = c[rng.integers(0, centers, size=n)] + 0.6 * rng.normal(size=(n, d)).astype(np.float32)
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    return x
+
+
+def section_ann(args, ctx):
+    from .index.vectors import create_vector_index
+
+    rows, data = [], {}
+    d = args.dim
+    for n in args.sizes:
+        x = clustered(n, d, seed=1)
+        q = clustered(args.ann_queries, d, seed=2)
+        exact_ids = None
+        for kind in args.index_types:
+            vi = create_vector_index(kind, d, n)
+            t = time.perf_counter()
+            vi.build(x)
+            build_s = time.perf_counter() - t
+            vi.search(q[:5], 10)
+            lat = []
+            ids_all = []
+            for qq in q:
+                t = time.perf_counter()
+                _, ids = vi.search(qq[None], 10)
+                lat.append((time.perf_counter() - t) * 1e3)
+                ids_all.append(ids[0])
+            ids_all = np.stack(ids_all)
+            if kind == "flat":
+                exact_ids = ids_all
+            recall = float(np.mean([len(set(a) & set(b)) / 10 for a, b in zip(ids_all, exact_ids)])) \
+                if exact_ids is not None else float("nan")
+            data[f"{kind}@{n}"] = {"p50_ms": pct(lat, 50), "p95_ms": pct(lat, 95), "recall@10": recall,
+                                   "build_s": build_s, "bytes_per_item": vi.bytes_per_item()}
+            rows.append(f"| {n:,} | {kind} | {pct(lat, 50):.2f} | {pct(lat, 95):.2f} | {recall:.3f} | "
+                        f"{build_s:.1f} | {vi.bytes_per_item():.0f} |")
+            del vi
+    md = [f"Synthetic clustered {d}-d normalised vectors, {args.ann_queries} single queries, k = 10; recall@10 "
+          "against exact (flat) search.", "",
+          "| vectors | index | p50 ms | p95 ms | recall@10 | build s | bytes/item |", "|---|---|---|---|---|---|---|",
+          *rows]
+    return "\n".join(md), data
+
+
+def section_memory(args, ctx):
+    eng = ctx["engine"]
+    st = eng.index.stats()
+    vi = st.get("vector_index", {})
+    thumbs = sum(p.stat().st_size for p in (Path(eng.index.folder) / "thumbs").glob("*.jpg"))
+    n = max(1, len(eng.index))
+    per = {"embedding_float16": 2 * eng.index.dim, "vector_index": vi.get("bytes_per_item", 0),
+           "thumbnail_avg": thumbs / n}
+    md = (f"Per gallery item ({eng.index.dim}-d): stored float16 embedding {per['embedding_float16']} B, "
+          f"in-memory vector index ({vi.get('type')}) {per['vector_index']:.0f} B, thumbnail {per['thumbnail_avg']:.0f} B.")
+    return md, per
+
+
+def section_compare(args, ctx):
+    from .compare import bench_compare
+
+    eng = ctx["engine"]
+    sec = bench_compare(eng, repeats=3)
+    md = (f"Compare mode (one query through every available method: {', '.join(eng.composers)}) on the bundled "
+          f"gallery: median **{sec:.2f} s** for all methods together (target < 3 s).")
+    return md, {"compare_all_methods_s": sec, "methods": list(eng.composers)}
+
+
+SECTIONS: Dict[str, Callable] = {"query": section_query, "indexing": section_indexing, "ann": section_ann,
+                                 "memory": section_memory, "compare": section_compare}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m engine bench", description=__doc__.split("\n")[0])
+    p.add_argument("--only", default="", help="comma-separated sections: " + ",".join([*SECTIONS, *EXTRA_SECTIONS]))
+    p.add_argument("--skip", default="", help="comma-separated sections to skip")
+    p.add_argument("--queries", type=int, default=30)
+    p.add_argument("--sizes", default="100000,1000000", help="synthetic gallery sizes for the ANN section")
+    p.add_argument("--dim", type=int, default=512)
+    p.add_argument("--ann-queries", type=int, default=200)
+    p.add_argument("--index-types", default="flat,ivf,hnsw")
+    p.add_argument("--index-images", type=int, default=128)
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--out", default=str(ROOT / "docs" / "BENCHMARKS.md"), help="markdown file to write ('' = none)")
+    p.add_argument("--json", default="", help="also write the raw figures as JSON here")
+    args = p.parse_args(argv)
+    args.sizes = [int(s) for s in args.sizes.split(",") if s]
+    args.index_types = [s for s in args.index_types.split(",") if s]
+    names = [*SECTIONS, *EXTRA_SECTIONS]
+    if args.only:
+        names = [n for n in args.only.split(",") if n]
+    names = [n for n in names if n not in set(args.skip.split(","))]
+    from .service import load_default_engine
+
+    ctx = {"engine": load_default_engine(Settings())}
+    parts = [f"# Benchmarks\n\nWritten by `python -m engine bench` on {time.strftime('%Y-%m-%d')}.\n\n"
+             f"**Machine:** {machine()}\n\nRatios are measured within one run; the machine is shared and noisy."]
+    raw = {}
+    for name in names:
+        if name in SECTIONS:
+            fn = SECTIONS[name]
+        else:
+            mod, _, attr = EXTRA_SECTIONS[name].partition(":")
+            try:
+                fn = getattr(importlib.import_module(mod), attr)
+            except (ImportError, AttributeError) as exc:
+                print(f"[bench] skipping {name}: {exc}")
+                continue
+        print(f"[bench] {name} ...", flush=True)
+        t = time.perf_counter()
+        md, data = fn(args, ctx)
+        print(md, flush=True)
+        print(f"[bench] {name} took {time.perf_counter() - t:.0f} s", flush=True)
+        parts.append(f"## {name}\n\n{md}")
+        raw[name] = data
+    text = "\n\n".join(parts) + "\n"
+    if args.out:
+        out = Path(args.out)
+        if out.exists() and args.only:
+            text = _merge(out.read_text(), parts[1:])
+        from .index.store import atomic_write_text
+
+        atomic_write_text(out, text)
+        print(f"[bench] wrote {out}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(raw, indent=2, default=float))
+    return 0
+
+
+def _merge(old: str, new_parts: List[str]) -> str:
+    """Replace the '## name' sections of ``old`` that were re-measured, keep the others."""
+    import re
+
+    chunks = re.split(r"(?m)^## ", old)
+    head, sections = chunks[0], {c.split("\n", 1)[0].strip(): "## " + c for c in chunks[1:]}
+    for part in new_parts:
+        sections[part.split("\n", 1)[0][3:].strip()] = part + "\n\n"
+    return head + "".join(s if s.endswith("\n\n") else s + "\n\n" for s in sections.values())

@@ -1,0 +1,180 @@
+"""On-disk format and loader API of the offline data sets.
+
+Every set lives in ``cache_dir()/datasets/<name>/``::
+
+    manifest.json          sources, licences, versions, seed, counts, format version
+    images/...             image files (PNG / JPEG); record paths are relative to this folder
+    <split>.jsonl          one JSON object per line (a query, a caption pair, a labelled image ...)
+    <part>/<split>.jsonl   for sets with several parts (``labelled``: fmnist, fmnist_small, objects)
+
+The loader API is deliberately small:
+
+* :func:`load_split` ``(name, split, part=None) -> list[dict]`` – records of one split
+  (built on first use).
+* :func:`image_root` ``(name) -> Path`` – folder that record image paths are relative to.
+* :func:`image_path` ``(name, rel) -> Path`` – absolute path of one record image, checked to stay
+  inside the set.
+* :func:`load_manifest` ``(name) -> dict``.
+
+Writers are atomic (temporary file, then ``os.replace``).
+"""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Iterable, Optional
+
+from ..config import cache_dir
+from ..errors import InputError
+
+FORMAT_VERSION = 2
+DATASET_NAMES = ("cir", "captions", "labelled", "multilabel")
+IMAGES_DIRNAME = "images"
+MANIFEST = "manifest.json"
+
+
+def datasets_root() -> Path:
+    """Folder holding every assembled set (``cache_dir()/datasets``)."""
+    path = cache_dir() / "datasets"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def dataset_dir(name: str) -> Path:
+    """Folder of one set; the name must be one of :data:`DATASET_NAMES`."""
+    if name not in DATASET_NAMES:
+        raise InputError(f"unknown data set {name!r}; choose one of {', '.join(DATASET_NAMES)}")
+    return datasets_root() / name
+
+
+def image_root(name: str) -> Path:
+    """Folder that the image paths in a set's records are relative to."""
+    return dataset_dir(name) / IMAGES_DIRNAME
+
+
+def image_path(name: str, rel: str) -> Path:
+    """Absolute path of a record's image; refuses paths that leave the set's image folder."""
+    root = image_root(name).resolve()
+    path = (root / rel).resolve()
+    if root != path and root not in path.parents:
+        raise InputError(f"image path {rel!r} points outside data set {name!r}")
+    return path
+
+
+def write_json(path: Path, obj) -> None:
+    """Atomically write ``obj`` as pretty JSON."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".json")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(obj, f, indent=2, sort_keys=True, ensure_ascii=False)
+            f.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def write_jsonl(path: Path, records: Iterable[dict]) -> int:
+    """Atomically write records as JSON lines; returns how many were written."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".jsonl")
+    n = 0
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            for rec in records:
+                f.write(json.dumps(rec, sort_keys=True, ensure_ascii=False))
+                f.write("\n")
+                n += 1
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return n
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    """Read JSON lines; a malformed line raises InputError naming the file and line."""
+    path = Path(path)
+    if not path.is_file():
+        raise InputError(f"annotation file not found: {path.name}")
+    out: list[dict] = []
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise InputError(f"{path.name}, line {lineno}: not valid JSON ({exc.msg})") from None
+            if not isinstance(rec, dict):
+                raise InputError(f"{path.name}, line {lineno}: expected a JSON object")
+            out.append(rec)
+    return out
+
+
+def split_file(name: str, split: str, part: Optional[str] = None) -> Path:
+    """Path of the JSONL file of one split (and part, for sets that have parts)."""
+    for piece in (split, part or ""):
+        if "/" in piece or "\\" in piece or piece.startswith("."):
+            raise InputError(f"bad split or part name {piece!r}")
+    base = dataset_dir(name)
+    return (base / part / f"{split}.jsonl") if part else (base / f"{split}.jsonl")
+
+
+def is_built(name: str) -> bool:
+    """True when the set's manifest exists with the current format version and assembly recipe."""
+    from .offline_sets import recipe_hash
+
+    path = dataset_dir(name) / MANIFEST
+    if not path.is_file():
+        return False
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return False
+    return manifest.get("format_version") == FORMAT_VERSION and manifest.get("recipe") == recipe_hash()
+
+
+def load_manifest(name: str, build: bool = True) -> dict:
+    """The set's manifest (sources, licences, versions, seed, counts); builds the set if needed."""
+    if build and not is_built(name):
+        from .offline_sets import build as build_set
+
+        build_set(name)
+    path = dataset_dir(name) / MANIFEST
+    if not path.is_file():
+        raise InputError(f"data set {name!r} is not built; run: python -m engine.data.offline_sets build --only {name}")
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise InputError(f"{path.name} of data set {name!r} is damaged ({exc.msg}); rebuild with --force") from None
+
+
+def available_splits(name: str, part: Optional[str] = None) -> list[str]:
+    """Split names present on disk for a built set (and part)."""
+    base = dataset_dir(name) / part if part else dataset_dir(name)
+    return sorted(p.stem for p in base.glob("*.jsonl"))
+
+
+def load_split(name: str, split: str, part: Optional[str] = None, build: bool = True) -> list[dict]:
+    """Records of one split of an offline set; assembles the set on first use when ``build``.
+
+    See ``docs/data.md`` for the record fields of each set. Image fields hold paths relative to
+    :func:`image_root` ``(name)``.
+    """
+    if build and not is_built(name):
+        from .offline_sets import build as build_set
+
+        build_set(name)
+    path = split_file(name, split, part)
+    if not path.is_file():
+        where = f"{name}/{part}" if part else name
+        have = ", ".join(available_splits(name, part)) or "none"
+        raise InputError(f"data set {where!r} has no split {split!r} (available: {have})")
+    return read_jsonl(path)

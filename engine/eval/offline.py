@@ -1,0 +1,266 @@
+"""`python -m engine eval offline`: the offline benchmark suite, assembled from packages that install
+here, evaluated with the packaged backbone (and with open_clip weights when they are cached), written to
+docs/RESULTS.md with plots under docs/img/.
+
+Protocol (composed retrieval, set ``cir``, split ``test``): every query is ranked against the gallery
+records of its own ``gallery`` (twemoji or photos) in the test gallery split, the reference image
+excluded; a query counts as a hit at K when any of its targets is in the top K (Recall@K, in percent).
+Expansion re-ranks with the expander over the first nQE results (reference still excluded).
+Nothing is tuned on the test split: checkpoints are chosen on validation splits by their trainers.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import time
+from pathlib import Path
+from typing import Dict, List, Optional
+
+import numpy as np
+import torch
+
+from ..config import ROOT, Settings
+
+KS = (1, 5, 10, 50)
+# name -> "module:function(args, ctx) -> (markdown, data)" for sections other parts provide
+EXTRA_SECTIONS = {
+    "query-expansion": "engine.expand.evaluate:offline_section",
+    "hashing": "engine.index.ics_bench:offline_section",
+}
+
+
+def _l2n(x: np.ndarray) -> np.ndarray:
+    return x / np.maximum(np.linalg.norm(x, axis=-1, keepdims=True), 1e-12)
+
+
+def cir_tensors(backbone, split: str = "test"):
+    """Queries, gallery records, gallery embeddings and reference features of the offline CIR set."""
+    from ..data.features import embed_paths
+    from ..data.formats import image_path, load_split
+
+    queries = load_split("cir", split)
+    gallery = load_split("cir", f"{split}_gallery")
+    gemb = embed_paths(backbone, [image_path("cir", g["image"]) for g in gallery], desc=f"cir {split} gallery")
+    pos = {g["image"]: i for i, g in enumerate(gallery)}
+    return queries, gallery, gemb, pos
+
+
+def reference_tokens(backbone, paths: List[Path], batch: int = 32) -> torch.Tensor:
+    from ..images import load_image
+
+    out = []
+    with torch.no_grad():
+        for i in range(0, len(paths), batch):
+            x = torch.stack([backbone.preprocess(load_image(p)) for p in paths[i : i + batch]])
+            out.append(backbone.encode_images_with_tokens(x)[1].cpu())
+    return torch.cat(out)
+
+
+def rank_queries(qvecs: np.ndarray, queries, gallery, gemb, pos, expanders: Optional[dict] = None,
+                 nqe: int = 8) -> Dict[str, np.ndarray]:
+    """{expander name: best target rank per query (1-based)}; 'none' is the plain ranking."""
+    groups = np.array([g["gallery"] for g in gallery])
+    ranks = {name: np.zeros(len(queries), np.int64) for name in ["none", *(expanders or {})]}
+    for qi, q in enumerate(queries):
+        cand = np.flatnonzero(groups == q["gallery"])
+        cand = cand[cand != pos[q["reference"]]]
+        targets = {pos[t] for t in q["targets"]}
+        vecs = gemb[cand]
+        first = vecs @ qvecs[qi]
+        for name in ranks:
+            s = first
+            if name != "none":
+                order = np.argsort(-first, kind="stable")[:nqe]
+                ex = expanders[name].expand(qvecs[qi], vecs[order], first[order])
+                s = vecs @ ex.vector
+            order = np.argsort(-s, kind="stable")
+            hit = [r for r, c in enumerate(cand[order]) if c in targets]
+            ranks[name][qi] = hit[0] + 1 if hit else len(cand) + 1
+    return ranks
+
+
+def recall(ranks: np.ndarray, ks=KS) -> Dict[str, float]:
+    return {f"R@{k}": float(100.0 * np.mean(ranks <= k)) for k in ks}
+
+
+def evaluate_cir(backbone, settings: Settings, split: str = "test", nqe: int = 8):
+    """Recall@K of every available composer, with and without each expander."""
+    from ..compose import COMPOSERS, ComposerUnavailable, Query
+    from ..data.features import embed_texts
+    from ..data.formats import image_path
+    from ..expand import EXPANDERS, ExpanderUnavailable
+
+    queries, gallery, gemb, pos = cir_tensors(backbone, split)
+    ref_emb = torch.from_numpy(gemb[[pos[q["reference"]] for q in queries]])
+    composers, skipped = {}, {}
+    for name in COMPOSERS:
+        try:
+            composers[name] = COMPOSERS.get(name)(backbone, checkpoint_dir=settings.checkpoints)
+        except ComposerUnavailable as exc:
+            skipped[name] = str(exc)
+    for name, extra in _variants(backbone, settings).items():
+        composers[name] = extra
+    expanders = {}
+    for name in EXPANDERS:
+        if name == "none":
+            continue
+        try:
+            expanders[name] = EXPANDERS.get(name)(embed_dim=backbone.embed_dim, checkpoint_dir=settings.checkpoints,
+                                                  fingerprint=backbone.fingerprint)
+        except ExpanderUnavailable as exc:
+            skipped[f"expander {name}"] = str(exc)
+    tokens = None
+    if any(getattr(c, "name", "") == "context-i2w" for c in composers.values()):
+        tokens = reference_tokens(backbone, [image_path("cir", q["reference"]) for q in queries])
+    results, kinds = {}, sorted({q["kind"] for q in queries})
+    kind_of = np.array([q["kind"] for q in queries])
+    timings = {}
+    for name, comp in composers.items():
+        t = time.perf_counter()
+        vecs = []
+        with torch.no_grad():
+            for i, q in enumerate(queries):
+                query = Query(text=q["text"], image_embedding=ref_emb[i], has_image=True, alpha=0.5,
+                              image_tokens=None if tokens is None else tokens[i])
+                vecs.append(comp.compose(query).vector)
+        timings[name] = (time.perf_counter() - t) / len(queries) * 1e3
+        ranks = rank_queries(np.stack(vecs), queries, gallery, gemb, pos, expanders, nqe=nqe)
+        for ex, r in ranks.items():
+            results[(name, ex)] = {"all": recall(r), **{k: recall(r[kind_of == k]) for k in kinds},
+                                   "ranks": r}
+    return {"results": results, "skipped": skipped, "kinds": kinds, "n_queries": len(queries),
+            "n_gallery": len(gallery), "compose_ms": timings, "queries": queries, "gemb": gemb}
+
+
+def _variants(backbone, settings):
+    """Extra checkpoints of registered composers to evaluate side by side (e.g. RTIC trained with GCN)."""
+    out = {}
+    try:
+        mod = importlib.import_module("engine.compose.rtic")
+        loader = getattr(mod, "load_variants", None)
+        if loader:
+            out.update(loader(backbone, settings.checkpoints))
+    except ImportError:
+        pass
+    return out
+
+
+def recall_curve_png(results, path: Path, expander: str = "none"):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ks = np.arange(1, 51)
+    fig, ax = plt.subplots(figsize=(6, 4), dpi=110)
+    for (name, ex), r in results.items():
+        if ex != expander:
+            continue
+        ax.plot(ks, [100.0 * np.mean(r["ranks"] <= k) for k in ks], label=name)
+    ax.set_xlabel("K")
+    ax.set_ylabel("Recall@K (%)")
+    ax.set_title("Offline composed retrieval (test split)")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def cir_markdown(ev, backbone, img_rel: str) -> str:
+    res = ev["results"]
+    lines = [f"Backbone `{backbone.fingerprint}`; {ev['n_queries']} test queries, {ev['n_gallery']} gallery "
+             "images (twemoji and photos galleries ranked separately, reference excluded).", "",
+             "| composer | expansion | " + " | ".join(f"R@{k}" for k in KS) + " |",
+             "|---|---|" + "---|" * len(KS)]
+    best = max(r["all"]["R@10"] for r in res.values())
+    for (name, ex), r in sorted(res.items(), key=lambda kv: (kv[0][0], kv[0][1] != "none", kv[0][1])):
+        cells = [f"{r['all'][f'R@{k}']:.1f}" for k in KS]
+        if r["all"]["R@10"] == best:
+            cells[2] = f"**{cells[2]}**"
+        lines.append(f"| {name} | {ex} | " + " | ".join(cells) + " |")
+    lines += ["", "Recall@10 per query kind (no expansion):", "",
+              "| composer | " + " | ".join(ev["kinds"]) + " |", "|---|" + "---|" * len(ev["kinds"])]
+    for (name, ex), r in sorted(res.items()):
+        if ex == "none":
+            lines.append(f"| {name} | " + " | ".join(f"{r[k]['R@10']:.1f}" for k in ev["kinds"]) + " |")
+    if ev["skipped"]:
+        lines += ["", "Not evaluated: " + "; ".join(f"{k} ({v})" for k, v in ev["skipped"].items())]
+    lines += ["", f"![Recall@K]({img_rel})"]
+    base = {n: r["all"]["R@10"] for (n, e), r in res.items() if e == "none" and n in ("image", "text", "sum")}
+    learned = {n: r["all"]["R@10"] for (n, e), r in res.items() if e == "none" and n not in base}
+    if base and learned:
+        top_base = max(base, key=base.get)
+        for n, v in learned.items():
+            verdict = "beats" if v > base[top_base] else "does **not** beat"
+            lines.append(f"\n- {n} ({v:.1f} R@10) {verdict} the best training-free baseline, {top_base} "
+                         f"({base[top_base]:.1f}).")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m engine eval offline")
+    p.add_argument("--backbone", default="packaged")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--nqe", type=int, default=8, help="neighbours used by the expanders in the CIR table")
+    p.add_argument("--only", default="", help="sections: cir," + ",".join(EXTRA_SECTIONS))
+    p.add_argument("--out", default=str(ROOT / "docs" / "RESULTS.md"))
+    p.add_argument("--record", default="", help="also write a JSON run record here")
+    args = p.parse_args(argv)
+    from ..backbones import create_backbone
+
+    t0 = time.time()
+    settings = Settings()
+    backbone = create_backbone(args.backbone, args.device)
+    backbones = [backbone]
+    from ..backbones.openclip import pretrained_cached, DEFAULT_ARCH, DEFAULT_TAG
+
+    try:
+        if args.backbone == "packaged" and pretrained_cached(DEFAULT_ARCH, DEFAULT_TAG):
+            backbones.append(create_backbone(f"open_clip:{DEFAULT_ARCH}/{DEFAULT_TAG}", args.device))
+    except Exception:
+        pass
+    out = Path(args.out)
+    img_dir = out.parent / "img"
+    sections = [s for s in args.only.split(",") if s] or ["cir", *EXTRA_SECTIONS]
+    parts = ["# Results\n\nProduced by `python -m engine eval offline` on "
+             f"{time.strftime('%Y-%m-%d')} (not written by hand). Data: the offline sets of `docs/data.md`, "
+             "assembled from packages that install offline with fixed seeds; splits never share an image. "
+             "Where a learned method loses to a baseline, the table says so."]
+    record = {}
+    if "cir" in sections:
+        for b in backbones:
+            print(f"[eval] composed retrieval with {b.name}", flush=True)
+            ev = evaluate_cir(b, settings, nqe=args.nqe)
+            slug = b.name.split(":")[0]
+            png = img_dir / f"results_recall_{slug}.png"
+            recall_curve_png(ev["results"], png)
+            parts.append(f"## Composed retrieval ({b.name})\n\n" + cir_markdown(ev, b, f"img/{png.name}"))
+            record[f"cir/{b.name}"] = {f"{n}+{e}": r["all"] for (n, e), r in ev["results"].items()}
+    for name in sections:
+        if name == "cir":
+            continue
+        mod, _, attr = EXTRA_SECTIONS[name].partition(":")
+        try:
+            fn = getattr(importlib.import_module(mod), attr)
+        except (ImportError, AttributeError) as exc:
+            print(f"[eval] skipping {name}: {exc}")
+            continue
+        print(f"[eval] {name}", flush=True)
+        md, data = fn(args, {"backbone": backbone, "settings": settings, "img_dir": img_dir})
+        parts.append(f"## {name}\n\n{md}")
+        record[name] = data
+    parts.append(f"_Total time: {(time.time() - t0) / 60:.1f} min on this machine._")
+    from ..index.store import atomic_write_text
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out, "\n\n".join(parts) + "\n")
+    print(f"[eval] wrote {out}")
+    if args.record:
+        from .record import write_run_record
+
+        write_run_record(args.record, method="offline-suite", backbone_fingerprint=backbone.fingerprint,
+                         checkpoint_hash="", template="", protocol_flags={"nqe": args.nqe}, metrics=record)
+    return 0
