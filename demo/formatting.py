@@ -70,7 +70,10 @@ def explanation_markdown_json(data: dict) -> str:
     for key in ("formula", "gate", "gate_mean"):
         if comp.get(key) is not None:
             val = comp[key]
-            lines.append(f"**{esc(key.replace('_', ' '))}:** {esc(f'{val:.3f}' if isinstance(val, float) else val)}")
+            shown = esc(f"{val:.3f}" if isinstance(val, float) else val)
+            if key == "formula":  # code span: keeps '*' from turning into markdown emphasis
+                shown = f"<code>{shown}</code>"
+            lines.append(f"**{esc(key.replace('_', ' '))}:** {shown}")
     if "weights" in comp:
         lines.append("**Weights:** " + ", ".join(f"{esc(k)}={v:.2f}" for k, v in comp["weights"].items()))
     ex = explanation.get("expansion")

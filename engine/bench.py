@@ -22,7 +22,7 @@ from .config import ROOT, Settings
 
 # name -> "module:function"; each function takes (args, ctx) and returns (markdown, json-able dict)
 EXTRA_SECTIONS: Dict[str, str] = {
-    "expanders": "engine.expand.bench:bench_section",
+    "expanders": "engine.expand.evaluate:bench_section",
     "ics": "engine.index.ics_bench:bench_section",
     "context-i2w": "engine.compose.context_i2w_bench:bench_section",
 }

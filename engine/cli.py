@@ -71,7 +71,7 @@ def cmd_index(args) -> int:
     s = _settings(args)
     backbone = create_backbone(s.backbone, s.device)
     idx = index_source(args.source, args.out, backbone, index_type=args.index_type, batch_size=args.batch_size,
-                       workers=args.workers, settings=s)
+                       workers=args.workers, settings=s, dba=args.dba, dba_k=args.dba_k)
     stats = idx.stats()
     print(json.dumps(stats, indent=2))
     if idx.meta.get("skipped"):
@@ -129,6 +129,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--index-type", default="auto", help="auto | flat | hnsw | ivf | ics-16/32/64/128")
     sp.add_argument("--batch-size", type=int, default=32)
     sp.add_argument("--workers", type=int, default=None)
+    sp.add_argument("--dba", default=None, help="database-side augmentation variant: aqe | alpha-qe | lattqe")
+    sp.add_argument("--dba-k", type=int, default=16, help="neighbours per gallery item for --dba")
 
     sp = sub.add_parser("search", help="search an index")
     sp.add_argument("--index", required=True)

@@ -191,3 +191,14 @@ def test_killed_indexer_leaves_previous_index_and_resumes(tmp_path, tiny):
     to_embed = int(line.split(",")[-1].split()[0])
     assert to_embed == 404 - done_before  # finished files were not embedded again
     assert len(GalleryIndex.load(out)) == 404
+
+
+def test_dba_index_variant_stores_expanded_vectors(small_gallery, tmp_path, tiny):
+    from engine.expand.dba import dba_vectors
+
+    plain = build_index(small_gallery, tmp_path / "plain", tiny, workers=0)
+    aug = build_index(small_gallery, tmp_path / "dba", tiny, workers=0, dba="aqe", dba_k=3)
+    expect = dba_vectors(plain.embeddings.astype(np.float32), "aqe", k=3, progress=False)
+    assert aug.meta["dba"] == {"method": "aqe", "k": 3}
+    assert np.allclose(aug.embeddings.astype(np.float32), expect, atol=2e-3)
+    assert not np.allclose(aug.embeddings, plain.embeddings, atol=1e-3)

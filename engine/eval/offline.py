@@ -197,7 +197,12 @@ def cir_markdown(ev, backbone, img_rel: str) -> str:
             verdict = "beats" if v > base[top_base] else "does **not** beat"
             lines.append(f"\n- {n} ({v:.1f} R@10) {verdict} the best training-free baseline, {top_base} "
                          f"({base[top_base]:.1f}).")
-    return "\n".join(lines)
+    return _relative("\n".join(lines))
+
+
+def _relative(text: str) -> str:
+    """Docs never carry this machine's absolute paths."""
+    return text.replace(str(ROOT) + "/", "").replace(str(ROOT), ".")
 
 
 def main(argv=None) -> int:

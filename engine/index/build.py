@@ -12,7 +12,8 @@ from .store import GalleryIndex
 
 
 def index_source(source, out, backbone, index_type: str = "auto", batch_size: int = 32,
-                 workers: Optional[int] = None, settings: Optional[Settings] = None, progress=None) -> GalleryIndex:
+                 workers: Optional[int] = None, settings: Optional[Settings] = None, progress=None,
+                 dba: Optional[str] = None, dba_k: int = 16) -> GalleryIndex:
     settings = settings or Settings()
     source, out = Path(source), Path(out)
     if source.is_file() and source.suffix.lower() == ".zip":
@@ -27,4 +28,4 @@ def index_source(source, out, backbone, index_type: str = "auto", batch_size: in
         raise InputError(f"{source} is neither a folder nor a .zip archive")
     opts = {"checkpoint_dir": settings.checkpoints, "fingerprint": backbone.fingerprint}
     return build_index(source, out, backbone, index_type=index_type, batch_size=batch_size, workers=workers,
-                       progress=progress, max_pixels=settings.max_pixels, vector_options=opts)
+                       progress=progress, max_pixels=settings.max_pixels, vector_options=opts, dba=dba, dba_k=dba_k)

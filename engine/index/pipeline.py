@@ -106,6 +106,8 @@ def build_index(
     progress: Progress = None,
     max_pixels: int = 40_000_000,
     vector_options: Optional[dict] = None,
+    dba: Optional[str] = None,
+    dba_k: int = 16,
 ) -> GalleryIndex:
     """Index every image under ``source`` into ``out``; reuses embeddings of unchanged files."""
     from tqdm.auto import tqdm
@@ -185,13 +187,31 @@ def build_index(
         "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
         "skipped": [{"path": rel[i], "reason": failed[i]} for i in sorted(failed)],
     }
-    index = GalleryIndex(out, meta, items, np.stack(embs).astype(np.float16))
+    matrix = np.stack(embs).astype(np.float32)
+    if dba:  # database-side augmentation: a separate index variant whose vectors are their own expansions
+        matrix = _dba(matrix, dba, dba_k, backbone, vector_options or {})
+        meta["dba"] = {"method": dba, "k": int(dba_k)}
+    index = GalleryIndex(out, meta, items, matrix.astype(np.float16))
     if progress:
         progress(len(todo), len(todo), "building the vector index")
     index.attach_vectors(index_type, **(vector_options or {}))
     index.save()
     compact_cache(cache, {it["sha256"] for it in items})
     return index
+
+
+def _dba(matrix: np.ndarray, method: str, k: int, backbone, options: dict) -> np.ndarray:
+    from ..expand import EXPANDERS, ExpanderUnavailable
+    from ..expand.dba import dba_vectors
+
+    model = None
+    if method == "lattqe":
+        try:
+            model = EXPANDERS.get("lattqe")(embed_dim=backbone.embed_dim, checkpoint_dir=options.get("checkpoint_dir"),
+                                           fingerprint=backbone.fingerprint).model
+        except ExpanderUnavailable as exc:
+            raise InputError(f"LAttDBA needs a LAttQE checkpoint: {exc}") from None
+    return dba_vectors(matrix, method, k=min(k, len(matrix)), model=model, progress=False)
 
 
 def compact_cache(cache: Path, keep: Iterable[str]) -> None:

@@ -1,0 +1,264 @@
+"""LAttQE: learned attention-based query expansion (Gordo et al., ECCV 2020), from the paper's equations.
+
+The query ``q`` and its top-k neighbours ``d_1..d_k`` (rank order) form a sequence of k + 1
+tokens. A learnable positional encoding ``p_i`` is added to the i-th token (the query at
+position 0) and a stack of transformer encoders (width = embedding size) transforms them into
+``q~, d~_1..d~_k``. The neighbour weights are ``w_i = cos(q~, d~_i)`` and the expanded query is
+
+    q^ = normalise(q + sum_i w_i d_i)
+
+built from the ORIGINAL neighbours, so it stays in the gallery's embedding space. A linear head
+on ``d~_i`` predicts whether neighbour i is relevant (auxiliary BCE loss, training only). The
+same model applied to gallery items gives LAttDBA (see :mod:`engine.expand.dba`).
+
+Checkpoints: ``<name>.safetensors`` (weights) + ``<name>.json`` (config, backbone fingerprint,
+training record), both written atomically. :func:`load_lattqe` refuses a checkpoint made for
+another backbone fingerprint with a :class:`~engine.errors.CheckpointError` naming the file.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Tuple
+
+import numpy as np
+import torch
+from torch import nn
+
+from ..errors import CheckpointError, InputError
+from .base import EXPANDERS, Expander, ExpanderUnavailable, Expansion
+from .baselines import check_inputs
+
+
+@dataclass
+class LAttQEConfig:
+    """Architecture of the model (stored in the checkpoint's JSON)."""
+
+    dim: int
+    layers: int = 3
+    heads: int = 8
+    ff_dim: int = 0  # 0 -> same as dim
+    dropout: float = 0.1
+    max_positions: int = 129  # query + up to 128 neighbours
+    positional: bool = True
+    trained_max_k: int = 64  # neighbours beyond this rank reuse the last trained position
+
+    def __post_init__(self):
+        if self.dim % self.heads:
+            raise ValueError(f"embedding size {self.dim} is not divisible by heads={self.heads}")
+
+    @classmethod
+    def from_dict(cls, d: Dict[str, Any]) -> "LAttQEConfig":
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in names})
+
+
+class LAttQEModel(nn.Module):
+    """Transformer encoder over [query, neighbours] giving per-neighbour weights."""
+
+    def __init__(self, config: LAttQEConfig):
+        super().__init__()
+        self.config = config
+        d = config.dim
+        self.scale = math.sqrt(d)  # unit-norm inputs -> entries of order 1
+        self.pos = nn.Parameter(torch.randn(config.max_positions, d) * 0.1)
+        # Fixed input centre (the training gallery's mean embedding; zeros = none). Embedding spaces
+        # often share one dominant direction (all cosine similarities ~0.8); the encoder sees
+        # normalise(x - centre) so that its tokens differ. The expansion itself uses the raw vectors.
+        self.register_buffer("center", torch.zeros(d))
+        layer = nn.TransformerEncoderLayer(
+            d_model=d, nhead=config.heads, dim_feedforward=config.ff_dim or d,
+            dropout=config.dropout, batch_first=True,
+        )
+        self.encoder = nn.TransformerEncoder(layer, num_layers=config.layers, enable_nested_tensor=False)
+        self.head = nn.Linear(d, 1)  # relevance classifier, training only
+
+    def positions(self, k: int) -> torch.Tensor:
+        idx = torch.arange(k + 1).clamp(max=min(self.config.trained_max_k, self.config.max_positions - 1))
+        return self.pos[idx]
+
+    def forward(
+        self, query: torch.Tensor, neighbours: torch.Tensor, mask: Optional[torch.Tensor] = None,
+    ) -> Tuple[torch.Tensor, torch.Tensor]:
+        """query (B, D), neighbours (B, k, D), mask (B, k) True = present.
+
+        Returns (weights (B, k), zero where masked; relevance logits (B, k)).
+        """
+        b, k, _ = neighbours.shape
+        x = torch.cat([query[:, None, :], neighbours], dim=1) - self.center
+        x = torch.nn.functional.normalize(x, dim=-1, eps=1e-12) * self.scale
+        if self.config.positional:
+            x = x + self.positions(k)[None]
+        pad = None
+        if mask is not None:
+            pad = torch.cat([torch.zeros(b, 1, dtype=torch.bool, device=mask.device), ~mask.bool()], dim=1)
+        y = self.encoder(x, src_key_padding_mask=pad)
+        qt, dt = y[:, 0], y[:, 1:]
+        w = torch.nn.functional.cosine_similarity(qt[:, None, :], dt, dim=-1, eps=1e-8)
+        if mask is not None:
+            w = w * mask.to(w.dtype)
+        return w, self.head(dt).squeeze(-1)
+
+    def expand(
+        self, query: torch.Tensor, neighbours: torch.Tensor, mask: Optional[torch.Tensor] = None,
+    ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Expanded queries (B, D) L2-normalised, weights (B, k), relevance logits (B, k)."""
+        w, logits = self(query, neighbours, mask)
+        v = query + torch.einsum("bk,bkd->bd", w, neighbours)
+        return torch.nn.functional.normalize(v, dim=-1, eps=1e-12), w, logits
+
+
+@torch.no_grad()
+def expand_numpy(model: LAttQEModel, query: np.ndarray, neighbours: np.ndarray, batch: int = 256
+                 ) -> Tuple[np.ndarray, np.ndarray]:
+    """Batched inference: query (B, D), neighbours (B, k, D) -> (expanded (B, D), weights (B, k))."""
+    model.eval()
+    dev = next(model.parameters()).device
+    outs, ws = [], []
+    for s in range(0, len(query), batch):
+        q = torch.as_tensor(np.ascontiguousarray(query[s:s + batch]), dtype=torch.float32, device=dev)
+        n = torch.as_tensor(np.ascontiguousarray(neighbours[s:s + batch]), dtype=torch.float32, device=dev)
+        v, w, _ = model.expand(q, n)
+        outs.append(v.cpu().numpy())
+        ws.append(w.cpu().numpy())
+    d = query.shape[-1]
+    k = neighbours.shape[1] if neighbours.ndim == 3 else 0
+    if not outs:
+        return np.zeros((0, d), np.float32), np.zeros((0, k), np.float32)
+    return np.concatenate(outs).astype(np.float32), np.concatenate(ws).astype(np.float32)
+
+
+# -- checkpoints -----------------------------------------------------------------------------
+
+def _atomic_write_bytes(path: Path, data: bytes) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def save_lattqe(model: LAttQEModel, path: Path, fingerprint: str, extra: Optional[Dict[str, Any]] = None) -> Path:
+    """Write ``path`` (.safetensors) and its ``.json`` sidecar atomically; returns the weights path."""
+    from safetensors.torch import save
+
+    path = Path(path).with_suffix(".safetensors")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+    meta = {"kind": "lattqe", "fingerprint": fingerprint, "config": json.dumps(asdict(model.config))}
+    _atomic_write_bytes(path, save(state, metadata=meta))
+    record = {
+        "kind": "lattqe",
+        "fingerprint": fingerprint,
+        "embed_dim": model.config.dim,
+        "config": asdict(model.config),
+        "weights": path.name,
+        **(extra or {}),
+    }
+    _atomic_write_bytes(path.with_suffix(".json"), json.dumps(record, indent=1).encode())
+    return path
+
+
+def read_record(json_path: Path) -> Dict[str, Any]:
+    try:
+        record = json.loads(Path(json_path).read_text())
+        if record.get("kind") != "lattqe" or "config" not in record:
+            raise ValueError("not a LAttQE checkpoint record")
+        return record
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(f"{Path(json_path).name}: unreadable LAttQE checkpoint record ({exc})") from exc
+
+
+def load_lattqe(path: Path, fingerprint: Optional[str] = None, device: str = "cpu"
+                ) -> Tuple[LAttQEModel, Dict[str, Any]]:
+    """Load a checkpoint (either file of the pair). Raises CheckpointError naming the file."""
+    from safetensors.torch import load_file
+
+    path = Path(path)
+    wpath, jpath = path.with_suffix(".safetensors"), path.with_suffix(".json")
+    record = read_record(jpath)
+    if fingerprint is not None and record.get("fingerprint") != fingerprint:
+        raise CheckpointError(
+            f"{jpath.name} was trained for backbone {record.get('fingerprint')!r}, "
+            f"not for the current backbone {fingerprint!r}"
+        )
+    try:
+        config = LAttQEConfig.from_dict(record["config"])
+        model = LAttQEModel(config)
+        state = load_file(str(wpath))
+        model.load_state_dict(state, strict=True)
+    except Exception as exc:  # damaged / truncated / mismatched file
+        raise CheckpointError(f"{wpath.name}: cannot load LAttQE weights ({exc})") from exc
+    return model.to(device).eval(), record
+
+
+def find_checkpoints(checkpoint_dir, fingerprint: Optional[str] = None, embed_dim: Optional[int] = None
+                     ) -> List[Path]:
+    """Checkpoint JSON files ``lattqe*.json`` in ``checkpoint_dir`` matching fingerprint / dim."""
+    if not checkpoint_dir or not Path(checkpoint_dir).is_dir():
+        return []
+    hits = []
+    for j in sorted(Path(checkpoint_dir).glob("lattqe*.json")):
+        try:
+            rec = read_record(j)
+        except CheckpointError:
+            continue
+        if fingerprint is not None and rec.get("fingerprint") != fingerprint:
+            continue
+        if embed_dim is not None and int(rec.get("embed_dim", -1)) != int(embed_dim):
+            continue
+        if j.with_suffix(".safetensors").is_file():
+            hits.append(j)
+    return hits
+
+
+# -- the expander ------------------------------------------------------------------------------
+
+class LAttQEExpander(Expander):
+    name, label = "lattqe", "LAttQE (learned attention)"
+
+    def __init__(self, model: LAttQEModel, record: Optional[Dict[str, Any]] = None):
+        self.model = model.eval()
+        self.record = record or {}
+
+    @torch.no_grad()
+    def expand(self, query, neighbours, sims) -> Expansion:
+        q, nb, _ = check_inputs(query, neighbours, sims)
+        if q.shape[0] != self.model.config.dim:
+            raise InputError(f"LAttQE model expects {self.model.config.dim}-d vectors, got {q.shape[0]}-d")
+        vec, w = expand_numpy(self.model, q[None], nb[None])
+        return Expansion(
+            vector=vec[0],
+            weights=w[0],
+            explanation={
+                "method": "lattqe",
+                "label": self.label,
+                "formula": "q^ = norm(q + sum_i cos(q~, d~_i) d_i)",
+                "query_weight": 1.0,
+                "n": int(nb.shape[0]),
+                "weights": [float(x) for x in w[0]],
+                "checkpoint": self.record.get("weights", ""),
+            },
+        )
+
+
+@EXPANDERS.register("lattqe")
+def make_lattqe(embed_dim=None, checkpoint_dir=None, fingerprint=None, **_):
+    """LAttQE from the newest matching checkpoint in ``checkpoint_dir``; ExpanderUnavailable if none."""
+    hits = find_checkpoints(checkpoint_dir, fingerprint, embed_dim)
+    if not hits:
+        where = Path(checkpoint_dir).name if checkpoint_dir else "no checkpoint folder"
+        raise ExpanderUnavailable(
+            f"no LAttQE checkpoint for backbone {fingerprint or '?'} ({embed_dim or '?'}-d) in {where}; "
+            "train one with `python -m engine train lattqe`"
+        )
+    best = max(hits, key=lambda p: p.stat().st_mtime)
+    try:
+        model, record = load_lattqe(best, fingerprint=fingerprint)
+    except CheckpointError as exc:
+        raise ExpanderUnavailable(str(exc)) from exc
+    return LAttQEExpander(model, record)
