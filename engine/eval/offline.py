@@ -26,7 +26,6 @@ KS = (1, 5, 10, 50)
 # name -> "module:function(args, ctx) -> (markdown, data)" for sections other parts provide
 EXTRA_SECTIONS = {
     "query-expansion": "engine.expand.evaluate:offline_section",
-    "hashing": "engine.index.ics_bench:offline_section",
 }
 
 
@@ -58,8 +57,11 @@ def reference_tokens(backbone, paths: List[Path], batch: int = 32) -> torch.Tens
 
 
 def rank_queries(qvecs: np.ndarray, queries, gallery, gemb, pos, expanders: Optional[dict] = None,
-                 nqe: int = 8) -> Dict[str, np.ndarray]:
-    """{expander name: best target rank per query (1-based)}; 'none' is the plain ranking."""
+                 nqe: int = 8, restrict: Optional[np.ndarray] = None) -> Dict[str, np.ndarray]:
+    """{expander name: best target rank per query (1-based)}; 'none' is the plain ranking.
+
+    ``restrict`` (Q, R) gallery ids: only these candidates can be returned (a compact index's
+    Hamming short-list); the others rank last."""
     groups = np.array([g["gallery"] for g in gallery])
     ranks = {name: np.zeros(len(queries), np.int64) for name in ["none", *(expanders or {})]}
     for qi, q in enumerate(queries):
@@ -68,6 +70,8 @@ def rank_queries(qvecs: np.ndarray, queries, gallery, gemb, pos, expanders: Opti
         targets = {pos[t] for t in q["targets"]}
         vecs = gemb[cand]
         first = vecs @ qvecs[qi]
+        if restrict is not None:
+            first = np.where(np.isin(cand, restrict[qi]), first, -np.inf)
         for name in ranks:
             s = first
             if name != "none":
@@ -84,7 +88,8 @@ def recall(ranks: np.ndarray, ks=KS) -> Dict[str, float]:
     return {f"R@{k}": float(100.0 * np.mean(ranks <= k)) for k in ks}
 
 
-def evaluate_cir(backbone, settings: Settings, split: str = "test", nqe: int = 8):
+def evaluate_cir(backbone, settings: Settings, split: str = "test", nqe: int = 8, ics_type: str = "ics-64",
+                 ics_rerank: int = 64):
     """Recall@K of every available composer, with and without each expander."""
     from ..compose import COMPOSERS, ComposerUnavailable, Query
     from ..data.features import embed_texts
@@ -113,6 +118,16 @@ def evaluate_cir(backbone, settings: Settings, split: str = "test", nqe: int = 8
     tokens = None
     if any(getattr(c, "name", "") == "context-i2w" for c in composers.values()):
         tokens = reference_tokens(backbone, [image_path("cir", q["reference"]) for q in queries])
+    ics = None
+    try:
+        from ..index.vectors import create_vector_index
+
+        ics = create_vector_index(ics_type, backbone.embed_dim, len(gemb), checkpoint_dir=settings.checkpoints,
+                                  fingerprint=backbone.fingerprint, rerank=ics_rerank)
+        ics.build(gemb)
+    except Exception as exc:  # no checkpoint for this backbone: flat index only
+        skipped[f"index {ics_type}"] = str(exc)
+        ics = None
     results, kinds = {}, sorted({q["kind"] for q in queries})
     kind_of = np.array([q["kind"] for q in queries])
     timings = {}
@@ -125,7 +140,12 @@ def evaluate_cir(backbone, settings: Settings, split: str = "test", nqe: int = 8
                               image_tokens=None if tokens is None else tokens[i])
                 vecs.append(comp.compose(query).vector)
         timings[name] = (time.perf_counter() - t) / len(queries) * 1e3
-        ranks = rank_queries(np.stack(vecs), queries, gallery, gemb, pos, expanders, nqe=nqe)
+        qvecs = np.stack(vecs)
+        ranks = rank_queries(qvecs, queries, gallery, gemb, pos, expanders, nqe=nqe)
+        if ics is not None:  # the compact index: Hamming short-list of R, then exact re-rank
+            _, short = ics.search(qvecs, ics_rerank)
+            ranks[f"none @ {ics.kind} (R={ics_rerank})"] = rank_queries(qvecs, queries, gallery, gemb, pos,
+                                                                        restrict=short)["none"]
         for ex, r in ranks.items():
             results[(name, ex)] = {"all": recall(r), **{k: recall(r[kind_of == k]) for k in kinds},
                                    "ranks": r}
@@ -172,7 +192,8 @@ def recall_curve_png(results, path: Path, expander: str = "none"):
 def cir_markdown(ev, backbone, img_rel: str) -> str:
     res = ev["results"]
     lines = [f"Backbone `{backbone.fingerprint}`; {ev['n_queries']} test queries, {ev['n_gallery']} gallery "
-             "images (twemoji and photos galleries ranked separately, reference excluded).", "",
+             "images (twemoji and photos galleries ranked separately, reference excluded). Rows `@ ics-K` use "
+             "the compact ICS index: Hamming short-list of R candidates, then exact re-rank.", "",
              "| composer | expansion | " + " | ".join(f"R@{k}" for k in KS) + " |",
              "|---|---|" + "---|" * len(KS)]
     best = max(r["all"]["R@10"] for r in res.values())
@@ -257,6 +278,8 @@ def main(argv=None) -> int:
         md, data = fn(args, {"backbone": backbone, "settings": settings, "img_dir": img_dir})
         parts.append(f"## {name}\n\n{md}")
         record[name] = data
+    parts.append("Hashing (mAP of ICS against LSH, ITQ-style PCA hashing and float embeddings at 16/32/64 bits) "
+                 "is measured by `python -m engine bench --only ics`; see docs/ics.md.")
     parts.append(f"_Total time: {(time.time() - t0) / 60:.1f} min on this machine._")
     from ..index.store import atomic_write_text
 

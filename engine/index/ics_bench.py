@@ -1,0 +1,232 @@
+"""ICS benchmark: mAP of ICS / LSH / ITQ / float, recall of Hamming + re-rank, and 1M-vector cost.
+
+:func:`bench_ics` measures, in one run on this machine:
+
+1. mAP@N (relevant = shares a label) of ICS codes vs random-projection LSH vs ITQ-style PCA hashing
+   vs float ranking at 16/32/64 bits, on held-out splits of real labelled sets: Fashion-MNIST
+   (70k images, raw-pixel PCA-128 features; single label) and, when it can be embedded, the
+   offline multi-label set with a backbone (``multilabel``);
+2. recall@10 of the compact index (Hamming top-R, then exact float re-rank) against exact float
+   search on all 70k Fashion-MNIST vectors, R = 1000, for LSH / ITQ / pure ICS / ICS + ITQ locality
+   bits (the product configuration);
+3. at 1M synthetic 512-d vectors: bytes per image and single-query latency (one thread) of the
+   compact index vs an exact float scan (FAISS ``IndexFlatIP``).
+
+``bench_section(args, ctx)`` is the hook of ``python -m engine bench`` (section ``ics``); it returns
+(markdown, figures) and writes the mAP plot ``docs/ics_map.png``.
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Dict, Optional, Sequence
+
+import numpy as np
+
+from .ics import ICSConfig, ITQHasher, LSHHasher, labels_to_matrix, map_at_n, train_ics
+from .ics_index import CompactBinaryIndex
+
+
+def fashion_mnist_features(pca: int = 128, seed: int = 0):
+    """(70000, pca) L2-normalised PCA features of raw pixels (PCA fitted on the 60k train images) and labels."""
+    from ..data import fashion_mnist as fm
+
+    xtr, ytr = fm.load("train")
+    xte, yte = fm.load("test")
+    x = np.concatenate([xtr, xte]).reshape(len(xtr) + len(xte), -1).astype(np.float32) / 255.0
+    y = np.concatenate([ytr, yte])
+    mu = x[:60000].mean(0)
+    sample = np.random.default_rng(seed).choice(60000, 20000, replace=False)
+    _, _, vt = np.linalg.svd(x[sample] - mu, full_matrices=False)
+    f = (x - mu) @ vt[:pca].T
+    f /= np.linalg.norm(f, axis=1, keepdims=True)
+    return f.astype(np.float32), y
+
+
+def _recall_at(index: CompactBinaryIndex, vectors: np.ndarray, queries: np.ndarray, k: int = 10) -> float:
+    exact = np.argsort(-(queries @ vectors.T), axis=1)[:, :k]
+    _, ids = index.search(queries, k)
+    return float(np.mean([len(set(a) & set(b)) / k for a, b in zip(ids, exact)]))
+
+
+def map_table(name: str, train_x, train_y, q_x, q_y, db_x, db_y, bits_list: Sequence[int], top: int,
+              epochs: int, progress: bool = False) -> Dict:
+    """mAP@top of float ranking and of ICS / LSH / ITQ codes per code length."""
+    out = {"set": name, "top": top, "float": map_at_n(q_y, db_y, top, query_vectors=q_x, db_vectors=db_x),
+           "bits": {}}
+    itq_fit = train_x[np.random.default_rng(0).permutation(len(train_x))[:20000]]
+    for bits in bits_list:
+        t = time.perf_counter()
+        model = train_ics(train_x, train_y, ICSConfig(bits=bits, epochs=epochs), progress=progress)
+        row = {"train_s": round(time.perf_counter() - t, 1)}
+        hashers = {"ics": model, "lsh": LSHHasher(train_x.shape[1], bits)}
+        if bits <= train_x.shape[1]:
+            hashers["itq"] = ITQHasher(itq_fit, bits)
+        for hname, h in hashers.items():
+            row[hname] = map_at_n(q_y, db_y, top, query_codes=h.encode(q_x), db_codes=h.encode(db_x), bits=bits)
+        out["bits"][bits] = row
+    return out
+
+
+def recall_table(x: np.ndarray, y_matrix: np.ndarray, n_train: int, queries: np.ndarray, rerank: int,
+                 epochs: int, progress: bool = False) -> Dict:
+    """recall@10 of Hamming top-``rerank`` + exact re-rank vs exact float search over all of ``x``."""
+    out = {"items": int(len(x)), "rerank": rerank, "rows": {}}
+    itq_fit = x[:n_train][np.random.default_rng(0).permutation(n_train)[:20000]]
+    variants = {
+        "lsh-64": LSHHasher(x.shape[1], 64),
+        "itq-64": ITQHasher(itq_fit, 64),
+        "ics-64 (pure)": train_ics(x[:n_train], y_matrix[:n_train], ICSConfig(bits=64, epochs=epochs),
+                                   progress=progress),
+        "ics-16 + 64 ITQ bits": train_ics(x[:n_train], y_matrix[:n_train],
+                                          ICSConfig(bits=16, epochs=epochs, locality_bits=64), progress=progress),
+        "ics-64 + 64 ITQ bits": train_ics(x[:n_train], y_matrix[:n_train],
+                                          ICSConfig(bits=64, epochs=epochs, locality_bits=64), progress=progress),
+    }
+    for name, h in variants.items():
+        idx = CompactBinaryIndex(x.shape[1], h, kind=name, rerank=rerank)
+        idx.build(x)
+        out["rows"][name] = {"bytes": idx.bytes_per_item(), "recall@10": _recall_at(idx, x, queries)}
+    return out
+
+
+def million_table(n: int = 1_000_000, dim: int = 512, queries: int = 20, rerank: int = 1000,
+                  clusters: int = 1000, epochs: int = 3, seed: int = 0, progress: bool = False) -> Dict:
+    """Bytes per image and single-thread latency: compact index vs exact float scan on ``n`` synthetic vectors."""
+    import faiss
+
+    threads = faiss.omp_get_max_threads()
+    faiss.omp_set_num_threads(1)
+    try:
+        rng = np.random.default_rng(seed)
+        centres = rng.standard_normal((clusters, dim)).astype(np.float32)
+        labels = rng.integers(0, clusters, n)
+        x = np.empty((n, dim), np.float32)
+        for s in range(0, n, 100_000):
+            block = centres[labels[s:s + 100_000]] + rng.standard_normal((min(100_000, n - s), dim)).astype(np.float32)
+            x[s:s + len(block)] = block / np.linalg.norm(block, axis=1, keepdims=True)
+        q = x[rng.choice(n, queries, replace=False)] + 0.01 * rng.standard_normal((queries, dim)).astype(np.float32)
+        q /= np.linalg.norm(q, axis=1, keepdims=True)
+        flat = faiss.IndexFlatIP(dim)
+        flat.add(x)
+        t = time.perf_counter()
+        for row in q:
+            flat.search(row[None], 10)
+        float_ms = (time.perf_counter() - t) / queries * 1e3
+        exact = flat.search(q, 10)[1]
+        del flat
+        ntrain = 50_000
+        model = train_ics(x[:ntrain], labels[:ntrain] % 64,
+                          ICSConfig(bits=64, epochs=epochs, locality_bits=64), progress=progress)
+        out = {"items": n, "dim": dim, "queries": queries, "float32_bytes": 4 * dim, "float_ms": float_ms, "rows": {}}
+        for name, h in {"lsh-64": LSHHasher(dim, 64), "ics-64 + 64 ITQ bits": model}.items():
+            idx = CompactBinaryIndex(dim, h, kind=name, rerank=rerank)
+            t = time.perf_counter()
+            idx.build(x)
+            build_s = time.perf_counter() - t
+            idx.search(q[:1], 10)
+            t = time.perf_counter()
+            ids = np.concatenate([idx.search(row[None], 10)[1] for row in q])
+            ms = (time.perf_counter() - t) / queries * 1e3
+            recall = float(np.mean([len(set(a) & set(b)) / 10 for a, b in zip(ids, exact)]))
+            out["rows"][name] = {"bytes": idx.bytes_per_item(), "bytes_with_rerank": idx.bytes_per_item() + 2 * dim,
+                                 "ms": ms, "speedup": float_ms / ms, "recall@10": recall, "build_s": build_s}
+        return out
+    finally:
+        faiss.omp_set_num_threads(threads)
+
+
+def bench_ics(bits_list: Sequence[int] = (16, 32, 64), epochs: int = 8, rerank: int = 1000,
+              million: int = 1_000_000, dim: int = 512, queries: int = 1000, multilabel_backbone: Optional[str] = None,
+              progress: bool = False) -> Dict:
+    """All figures of the ICS section (see the module docstring). ``million=0`` skips the 1M part."""
+    import torch
+
+    torch.set_num_threads(1)
+    figures: Dict = {"maps": []}
+    x, y = fashion_mnist_features()
+    ym = labels_to_matrix([[int(v)] for v in y])
+    q = np.arange(60000, 60000 + queries)
+    figures["maps"].append(map_table("Fashion-MNIST (PCA-128 of pixels)", x[:60000], ym[:60000], x[q], ym[q],
+                                     x[:60000], ym[:60000], bits_list, 1000, epochs, progress))
+    if multilabel_backbone:
+        from ..backbones import create_backbone
+        from ..train.ics import label_matrix, offline_multilabel
+
+        sets = offline_multilabel(create_backbone(multilabel_backbone, "cpu"))
+        tr_y, vocab = label_matrix(sets["train"][1])
+        q_y, _ = label_matrix(sets["query"][1], vocab)
+        db_y, _ = label_matrix(sets["db"][1], vocab)
+        figures["maps"].append(map_table(f"offline multilabel ({multilabel_backbone})", sets["train"][0], tr_y,
+                                         sets["query"][0], q_y, sets["db"][0], db_y, bits_list,
+                                         min(1000, len(db_y)), 30, progress))
+    figures["recall"] = recall_table(x, ym, 60000, x[q], rerank, epochs, progress)
+    if million:
+        figures["million"] = million_table(million, dim, rerank=rerank, progress=progress)
+    return figures
+
+
+def to_markdown(fig: Dict) -> str:
+    parts = []
+    for t in fig["maps"]:
+        rows = [f"mAP@{t['top']} on {t['set']} (float ranking: {t['float']:.3f})\n",
+                "| bits | ICS | LSH | ITQ | float |", "|---|---|---|---|---|"]
+        for bits, r in t["bits"].items():
+            rows.append(f"| {bits} | {r['ics']:.3f} | {r['lsh']:.3f} | {r.get('itq', float('nan')):.3f} | "
+                        f"{t['float']:.3f} |")
+        parts.append("\n".join(rows))
+    r = fig["recall"]
+    rows = [f"recall@10 of Hamming top-{r['rerank']} + float re-rank vs exact float search, "
+            f"{r['items']} Fashion-MNIST vectors\n", "| codes | bytes/image | recall@10 |", "|---|---|---|"]
+    rows += [f"| {k} | {v['bytes']:.0f} | {v['recall@10']:.3f} |" for k, v in r["rows"].items()]
+    parts.append("\n".join(rows))
+    if "million" in fig:
+        m = fig["million"]
+        rows = [f"{m['items']:,} synthetic {m['dim']}-d vectors, one thread, single queries: exact float scan "
+                f"{m['float_ms']:.1f} ms/query at {m['float32_bytes']} bytes/image\n",
+                "| index | bytes/image (codes) | + float16 re-rank vectors | ms/query | speed-up | recall@10 |",
+                "|---|---|---|---|---|---|"]
+        rows += [f"| {k} | {v['bytes']:.0f} | {v['bytes_with_rerank']:.0f} | {v['ms']:.2f} | {v['speedup']:.0f}x | "
+                 f"{v['recall@10']:.3f} |" for k, v in m["rows"].items()]
+        parts.append("\n".join(rows))
+    return "\n\n".join(parts)
+
+
+def plot_maps(fig: Dict, path: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    tables = fig["maps"]
+    f, axes = plt.subplots(1, len(tables), figsize=(5 * len(tables), 3.6), squeeze=False)
+    for ax, t in zip(axes[0], tables):
+        bits = list(t["bits"])
+        for key, style in (("ics", "o-"), ("itq", "s-"), ("lsh", "^-")):
+            ax.plot(bits, [t["bits"][b].get(key, np.nan) for b in bits], style, label=key.upper())
+        ax.axhline(t["float"], color="grey", ls="--", label="float")
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(bits, [str(b) for b in bits])
+        ax.set_xlabel("bits")
+        ax.set_ylabel(f"mAP@{t['top']}")
+        ax.set_title(t["set"], fontsize=9)
+        ax.legend(fontsize=8)
+    f.tight_layout()
+    path = Path(path)
+    tmp = path.with_name(f".{path.stem}.tmp.png")
+    f.savefig(tmp, dpi=110)
+    plt.close(f)
+    import os
+
+    os.replace(tmp, path)
+    return path
+
+
+def bench_section(args, ctx):
+    """``python -m engine bench --only ics``: markdown + figures; also writes docs/ics_map.png."""
+    from ..config import ROOT
+
+    million = max(getattr(args, "sizes", [1_000_000]) or [1_000_000])
+    fig = bench_ics(million=million, dim=getattr(args, "dim", 512), multilabel_backbone="packaged", progress=True)
+    plot_maps(fig, ROOT / "docs" / "ics_map.png")
+    return to_markdown(fig) + "\n\n![mAP vs bits](ics_map.png)", fig

@@ -1,0 +1,399 @@
+"""ICS hashing: centres, simplex projection, centre weights, training, checkpoints, compact index, loaders."""
+from __future__ import annotations
+
+import itertools
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from engine.errors import CheckpointError, IndexLoadError, InputError
+from engine.index.ics import (ICSConfig, ITQHasher, LSHHasher, code_distance, hadamard, hamming_distances,
+                              hash_centres, labels_to_matrix, load_ics, map_at_n, neg_log_likelihood, pack_bits,
+                              pgd_weights, project_simplex, save_ics, train_ics, unpack_signs, weight_objective)
+from engine.index.ics_index import CompactBinaryIndex, LSHIndex, make_ics_index
+from engine.index.vectors import VECTOR_INDEXES, create_vector_index
+
+torch.set_num_threads(1)
+
+
+# -- centres -------------------------------------------------------------------------------------
+@pytest.mark.parametrize("k", [2, 16, 64, 128])
+def test_hadamard_rows_orthogonal_and_balanced(k):
+    h = hadamard(k).astype(np.int64)
+    assert set(np.unique(h)) == {-1, 1}
+    np.testing.assert_array_equal(h @ h.T, k * np.eye(k, dtype=np.int64))
+    assert (h[0] == 1).all()
+    np.testing.assert_array_equal(h[1:].sum(1), 0)  # every row but the first has as many +1 as -1
+
+
+def test_hadamard_needs_power_of_two():
+    with pytest.raises(InputError):
+        hadamard(24)
+
+
+def _pairwise_hamming(c):
+    return (c.shape[1] - c @ c.T) / 2
+
+
+def test_centres_from_hadamard_rows_when_labels_fit():
+    c, strategy = hash_centres(10, 32, seed=3)
+    assert strategy == "hadamard" and c.shape == (10, 32)
+    h = hadamard(32)
+    assert all(any((row == hr).all() for hr in h) for row in c)
+    d = _pairwise_hamming(c)
+    np.testing.assert_array_equal(d[~np.eye(10, dtype=bool)], 16)  # every pair exactly K/2 apart
+    np.testing.assert_array_equal(c.sum(1), 0)  # the all-ones row is avoided while others are free
+    c2, _ = hash_centres(10, 32, seed=3)
+    np.testing.assert_array_equal(c, c2)
+
+
+def test_centres_from_hadamard_and_its_negation():
+    c, strategy = hash_centres(40, 32, seed=0)
+    assert strategy == "hadamard2" and c.shape == (40, 32)
+    pool = np.concatenate([hadamard(32), -hadamard(32)])
+    assert all(any((row == p).all() for p in pool) for row in c)
+    assert len(np.unique(c, axis=0)) == 40
+    d = _pairwise_hamming(c)[~np.eye(40, dtype=bool)]
+    assert set(np.unique(d)) <= {16.0, 32.0}  # K/2, or K for a row and its negation
+
+
+def test_centres_bernoulli_when_too_many_labels_or_odd_length():
+    for m, k in [(100, 32), (5, 24)]:
+        c, strategy = hash_centres(m, k, seed=1)
+        assert strategy == "bernoulli" and c.shape == (m, k)
+        assert set(np.unique(c)) <= {-1.0, 1.0}
+    c, _ = hash_centres(400, 64, seed=2)
+    assert abs((c > 0).mean() - 0.5) < 0.02  # fair bits
+    d = _pairwise_hamming(c)[~np.eye(400, dtype=bool)]
+    assert abs(d.mean() - 32) < 0.5
+
+
+# -- simplex projection --------------------------------------------------------------------------
+def _brute_force_projection(v, radius=1.0):
+    """Exact projection by enumerating supports (KKT: w_S = v_S - t, t fixed by the sum, w_S >= 0)."""
+    best, best_d = None, np.inf
+    n = len(v)
+    for r in range(1, n + 1):
+        for support in itertools.combinations(range(n), r):
+            s = list(support)
+            t = (v[s].sum() - radius) / r
+            w = np.zeros(n)
+            w[s] = v[s] - t
+            if (w[s] >= -1e-12).all():
+                d = ((w - v) ** 2).sum()
+                if d < best_d:
+                    best, best_d = w, d
+    return best
+
+
+def test_simplex_projection_matches_brute_force():
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        n = int(rng.integers(1, 6))
+        v = rng.normal(scale=rng.uniform(0.1, 3), size=n)
+        got = project_simplex(torch.tensor(v)).numpy()
+        np.testing.assert_allclose(got, _brute_force_projection(v), atol=1e-9)
+    v = rng.normal(size=(50, 4))
+    got = project_simplex(torch.tensor(v), radius=2.5).numpy()
+    for row, g in zip(v, got):
+        np.testing.assert_allclose(g, _brute_force_projection(row, 2.5), atol=1e-9)
+
+
+def test_simplex_projection_with_mask_only_uses_free_coordinates():
+    rng = np.random.default_rng(1)
+    v = rng.normal(size=(100, 5))
+    mask = rng.random((100, 5)) < 0.6
+    mask[0] = False
+    got = project_simplex(torch.tensor(v), torch.tensor(mask)).numpy()
+    np.testing.assert_array_equal(got[0], 0)
+    for row, m, g in zip(v[1:], mask[1:], got[1:]):
+        np.testing.assert_array_equal(g[~m], 0)
+        if m.any():
+            np.testing.assert_allclose(g[m], _brute_force_projection(row[m]), atol=1e-9)
+
+
+# -- losses and centre weights -------------------------------------------------------------------
+def test_code_distance_and_likelihood_formulas():
+    rng = np.random.default_rng(2)
+    h = np.tanh(rng.normal(size=(4, 8)))
+    c = np.where(rng.random((3, 8)) < 0.5, -1.0, 1.0)
+    got = code_distance(torch.tensor(h), torch.tensor(c)).numpy()
+    for i in range(4):
+        for j in range(3):
+            p, t = (1 + h[i]) / 2, (1 + c[j]) / 2
+            want = -np.mean(t * np.log(p) + (1 - t) * np.log(1 - p))
+            assert abs(got[i, j] - want) < 1e-9
+    at_centre = code_distance(torch.tensor(c * (1 - 1e-9)), torch.tensor(c)).numpy()
+    assert np.diag(at_centre).max() < 1e-5 and (at_centre + np.eye(3) * 99).min() > 1  # 0 only at the centre
+    d = torch.linspace(0, 5, 11, dtype=torch.float64)
+    nll = neg_log_likelihood(d, beta=0.5).numpy()
+    np.testing.assert_allclose(nll, -np.log(2 / (1 + np.exp(d.numpy() / 0.5))), atol=1e-12)
+    assert nll[0] == 0 and (np.diff(nll) > 0).all()
+
+
+def _losses_for_codes(seed=0, n=64, labels=4, bits=32):
+    """Per-centre losses of relaxed codes sitting between their image's label centres."""
+    rng = np.random.default_rng(seed)
+    centres, _ = hash_centres(labels, bits, seed)
+    mask = np.ones((n, labels), dtype=bool)
+    mix = rng.dirichlet(np.ones(labels), size=n)
+    h = np.clip(mix @ centres + rng.normal(scale=0.3, size=(n, bits)), -0.99, 0.99)
+    d = code_distance(torch.tensor(h), torch.tensor(centres))
+    return neg_log_likelihood(d, 0.5), torch.tensor(mask)
+
+
+def test_lambda_small_gives_uniform_weights_large_gives_nearest_centre():
+    ell, mask = _losses_for_codes()
+    small = pgd_weights(ell, mask, lam=0.01).numpy()
+    assert np.abs(small - 0.25).max() < 0.01
+    large = pgd_weights(ell, mask, lam=100.0).numpy()
+    nearest = ell.numpy().argmin(1)
+    assert (large.argmax(1) == nearest).all()
+    assert large[np.arange(len(large)), nearest].mean() > 0.95
+    for lam in (0.3, 1.0, 3.0):  # in between: the closed-form minimiser softmax(-lam * l)
+        w = pgd_weights(ell, mask, lam=lam, steps=100)
+        ref = np.exp(-lam * ell.numpy())
+        ref /= ref.sum(1, keepdims=True)
+        gap = weight_objective(w.double(), ell.double(), mask, lam) - weight_objective(
+            torch.tensor(ref), ell.double(), mask, lam)
+        assert gap.min() > -1e-6 and gap.max() < 1e-3  # optimal value reached; ref is the minimiser
+        assert np.abs(w.numpy() - ref).max() < 0.02
+
+
+def test_pgd_objective_never_increases_and_respects_labels():
+    ell, _ = _losses_for_codes(seed=5, n=200, labels=6)
+    rng = np.random.default_rng(5)
+    mask = torch.tensor(rng.random((200, 6)) < 0.5)
+    mask[:, 0] = True
+    for lam in (0.1, 1.0, 10.0, 100.0):
+        hist = []
+        w = pgd_weights(ell, mask, lam=lam, history=hist)
+        assert len(hist) == 11
+        for before, after in zip(hist, hist[1:]):
+            assert (after <= before + 1e-9).all()
+        assert (hist[-1] < hist[0] - 1e-6).any()
+        assert torch.allclose(w.sum(1), torch.ones(200), atol=1e-5)
+        assert (w[~mask] == 0).all() and (w >= 0).all()
+        obj = weight_objective(w.double(), ell.double(), mask, lam)
+        assert torch.allclose(obj, hist[-1].to(obj.dtype), atol=1e-5)
+
+
+# -- training on a real labelled set -------------------------------------------------------------
+def _digits_multilabel():
+    """The real 8x8 digits set bundled with scikit-learn, with labels {digit, even/odd, <5 / >=5}."""
+    from sklearn.datasets import load_digits
+
+    x, y = load_digits(return_X_y=True)
+    perm = np.random.default_rng(0).permutation(len(x))
+    x, y = x[perm].astype(np.float32), y[perm]
+    x -= x[:1000].mean(0)
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    labels = np.stack([y == d for d in range(10)] + [y % 2 == 0, y % 2 == 1, y < 5, y >= 5], 1)
+    return x, labels, y
+
+
+def test_training_beats_lsh_on_held_out_real_data():
+    x, labels, digit = _digits_multilabel()
+    tr, q, db = slice(0, 1000), slice(1000, 1300), slice(1300, None)
+    model = train_ics(x[tr], labels[tr], ICSConfig(bits=32, hidden=256, epochs=10), progress=False)
+    hist = model.record["history"]
+    assert hist[-1]["central"] < hist[0]["central"] - 0.1  # training lowers the loss
+    ics = map_at_n(labels[q], labels[db], 100, query_codes=model.encode(x[q]), db_codes=model.encode(x[db]),
+                   bits=32)
+    lsh_h = LSHHasher(x.shape[1], 32, seed=0)
+    lsh = map_at_n(labels[q], labels[db], 100, query_codes=lsh_h.encode(x[q]), db_codes=lsh_h.encode(x[db]),
+                   bits=32)
+    assert ics > lsh + 0.03, (ics, lsh)
+    # single-label view (c_i = 1): the digit alone, as integer ids
+    one = labels_to_matrix([[int(v)] for v in digit])
+    model1 = train_ics(x[tr], digit[tr], ICSConfig(bits=16, hidden=256, epochs=10), progress=False)
+    ics1 = map_at_n(one[q], one[db], 100, query_codes=model1.encode(x[q]), db_codes=model1.encode(x[db]), bits=16)
+    lsh1_h = LSHHasher(x.shape[1], 16, seed=0)
+    lsh1 = map_at_n(one[q], one[db], 100, query_codes=lsh1_h.encode(x[q]), db_codes=lsh1_h.encode(x[db]), bits=16)
+    assert ics1 > lsh1 + 0.1, (ics1, lsh1)
+
+
+def test_map_and_hamming_against_direct_computation():
+    rng = np.random.default_rng(3)
+    qb, db = rng.random((5, 16)) < 0.5, rng.random((30, 16)) < 0.5
+    ham = hamming_distances(pack_bits(qb), pack_bits(db), 16)
+    np.testing.assert_array_equal(ham, (qb[:, None, :] != db[None]).sum(2))
+    np.testing.assert_array_equal(unpack_signs(pack_bits(qb), 16), np.where(qb, 1.0, -1.0))
+    ql, dl = rng.random((5, 3)) < 0.4, rng.random((30, 3)) < 0.4
+    got = map_at_n(ql, dl, 10, query_codes=pack_bits(qb), db_codes=pack_bits(db), bits=16)
+    aps = []
+    for i in range(5):
+        order = sorted(range(30), key=lambda j: (ham[i, j], j))[:10]
+        rel = [bool((ql[i] & dl[j]).any()) for j in order]
+        hits, s = 0, 0.0
+        for k, r in enumerate(rel, 1):
+            if r:
+                hits += 1
+                s += hits / k
+        aps.append(s / hits if hits else 0.0)
+    assert abs(got - np.mean(aps)) < 1e-12
+
+
+def test_itq_rotation_lowers_quantisation_error():
+    rng = np.random.default_rng(4)
+    x = rng.normal(size=(500, 32)) @ rng.normal(size=(32, 32))
+    itq = ITQHasher(x, 16, iterations=30)
+    v = (x - itq.mean) @ itq.pca
+    err = lambda r: np.linalg.norm(np.where(v @ r >= 0, 1, -1) - v @ r)  # noqa: E731
+    assert err(itq.rotation) < err(np.eye(16))
+    np.testing.assert_allclose(itq.rotation @ itq.rotation.T, np.eye(16), atol=1e-8)
+
+
+# -- checkpoints ---------------------------------------------------------------------------------
+def _small_model(dim=16, bits=16, locality=0, n=300, seed=0):
+    rng = np.random.default_rng(seed)
+    y = rng.integers(0, 4, n)
+    means = rng.normal(size=(4, dim))
+    x = means[y] + 0.3 * rng.normal(size=(n, dim))
+    x = (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)
+    cfg = ICSConfig(bits=bits, hidden=32, epochs=3, locality_bits=locality)
+    return train_ics(x, y, cfg, progress=False), x
+
+
+def test_checkpoint_roundtrip_and_fingerprint_check(tmp_path):
+    model, x = _small_model(locality=16)
+    assert model.bits == 32 and model.encode(x).shape == (len(x), 4)
+    path = save_ics(model, tmp_path / "ics-16", "bb@1")
+    assert path.name == "ics-16.safetensors" and (tmp_path / "ics-16.json").is_file()
+    record = json.loads((tmp_path / "ics-16.json").read_text())
+    assert record["fingerprint"] == "bb@1" and record["config"]["bits"] == 16
+    loaded = load_ics(path, fingerprint="bb@1")
+    np.testing.assert_array_equal(loaded.encode(x), model.encode(x))
+    assert loaded.identity() == model.identity()
+    with pytest.raises(CheckpointError, match="ics-16.safetensors"):
+        load_ics(path, fingerprint="other@2")
+    with pytest.raises(CheckpointError, match="ics-16.safetensors"):
+        load_ics(path, dim=99)
+    path.write_bytes(path.read_bytes()[:100])
+    with pytest.raises(CheckpointError, match="ics-16.safetensors"):
+        load_ics(path)
+    assert not list(tmp_path.glob(".*tmp"))
+
+
+# -- the compact index ---------------------------------------------------------------------------
+def _clustered(n=3000, dim=32, clusters=30, seed=0):
+    rng = np.random.default_rng(seed)
+    centres = rng.normal(size=(clusters, dim))
+    x = centres[rng.integers(0, clusters, n)] + 0.5 * rng.normal(size=(n, dim))
+    return (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)
+
+
+def test_compact_index_reranks_exactly_and_recalls_neighbours(tmp_path):
+    x = _clustered()
+    q = x[:50] + 0.05 * np.random.default_rng(1).normal(size=(50, 32)).astype(np.float32)
+    exact = np.argsort(-(q @ x.T), axis=1)[:, :10]
+    full = LSHIndex(32, bits=64, rerank=len(x))  # every item re-ranked: exact search over the float16 vectors
+    full.build(x)
+    scores, ids = full.search(q, 10)
+    sims16 = q @ x.astype(np.float16).astype(np.float32).T
+    np.testing.assert_array_equal(ids, np.argsort(-sims16, axis=1, kind="stable")[:, :10])
+    np.testing.assert_allclose(scores, np.take_along_axis(sims16, ids, 1), rtol=1e-5, atol=1e-5)
+    idx = LSHIndex(32, bits=64, rerank=300)
+    idx.build(x)
+    _, ids = idx.search(q, 10)
+    recall = np.mean([len(set(a) & set(b)) / 10 for a, b in zip(ids, exact)])
+    assert recall >= 0.9, recall
+    assert idx.bytes_per_item() == 8.0
+    d = idx.describe()
+    assert d["bytes_per_item"] == 8.0 and d["bytes_per_item_with_rerank_vectors"] == 8.0 + 64
+    idx.save(tmp_path)
+    again = LSHIndex(32, bits=64, rerank=300)
+    again.load(tmp_path, x)
+    np.testing.assert_array_equal(again.codes, idx.codes)
+    np.testing.assert_array_equal(again.search(q, 10)[1], ids)
+    (tmp_path / "vectors.codes.npy").write_bytes(b"garbage")
+    with pytest.raises(IndexLoadError, match="vectors.codes.npy"):
+        LSHIndex(32, bits=64).load(tmp_path, x)
+
+
+def test_small_gallery_and_bad_queries():
+    x = _clustered(n=5)
+    idx = LSHIndex(32, bits=16)
+    idx.build(x)
+    scores, ids = idx.search(x[:2], 8)
+    assert ids.shape == (2, 8) and (ids[:, 5:] == -1).all() and ids[0, 0] == 0
+    with pytest.raises(InputError):
+        idx.search(np.zeros((1, 7), np.float32), 3)
+
+
+def test_registered_ics_types_need_a_matching_checkpoint(tmp_path):
+    for bits in (16, 32, 64, 128):
+        assert f"ics-{bits}" in VECTOR_INDEXES
+    with pytest.raises(CheckpointError, match="python -m engine train ics --bits 16"):
+        create_vector_index("ics-16", 16, 10, checkpoint_dir=tmp_path, fingerprint="bb@1")
+    model, x = _small_model(dim=16, bits=16, locality=16)
+    save_ics(model, tmp_path / "ics-16", "bb@1")
+    with pytest.raises(CheckpointError, match="ics-16.safetensors"):
+        create_vector_index("ics-16", 16, 10, checkpoint_dir=tmp_path, fingerprint="bb@2")
+    vi = create_vector_index("ics-16", 16, len(x), checkpoint_dir=tmp_path, fingerprint="bb@1", rerank=50)
+    assert isinstance(vi, CompactBinaryIndex) and vi.kind == "ics-16"
+    vi.build(x)
+    assert vi.bytes_per_item() == 4.0 and vi.describe()["semantic_bits"] == 16
+    _, ids = vi.search(x[:5], 3)
+    assert (ids[:, 0] == np.arange(5)).all()
+    with pytest.raises(CheckpointError):
+        make_ics_index(32, 16, checkpoint_dir=tmp_path)
+
+
+# -- label formats -------------------------------------------------------------------------------
+def test_label_file_loaders(tmp_path):
+    from engine.train.ics import label_matrix, load_coco, load_label_csv, load_nuswide
+
+    coco = {"images": [{"id": 1, "file_name": "a.jpg"}, {"id": 2, "file_name": "b.jpg"},
+                       {"id": 3, "file_name": "c.jpg"}],
+            "categories": [{"id": 7, "name": "dog"}, {"id": 9, "name": "cat"}],
+            "annotations": [{"image_id": 1, "category_id": 7}, {"image_id": 1, "category_id": 9},
+                            {"image_id": 1, "category_id": 7}, {"image_id": 2, "category_id": 9}]}
+    (tmp_path / "inst.json").write_text(json.dumps(coco))
+    items = load_coco(tmp_path / "inst.json", tmp_path / "img")
+    assert items == [(str(tmp_path / "img" / "a.jpg"), ["cat", "dog"]), (str(tmp_path / "img" / "b.jpg"), ["cat"])]
+    (tmp_path / "list.txt").write_text("x/1.jpg 0 1 1\nx/2.jpg 1 0 0\n")
+    (tmp_path / "concepts.txt").write_text("sky\nsea\nsun\n")
+    items = load_nuswide(tmp_path / "list.txt", tmp_path, tmp_path / "concepts.txt")
+    assert [ls for _, ls in items] == [["sea", "sun"], ["sky"]]
+    (tmp_path / "ImageList.txt").write_text("a\\1.jpg\na\\2.jpg\n")
+    (tmp_path / "labels").mkdir()
+    (tmp_path / "labels" / "Labels_sky.txt").write_text("1\n0\n")
+    (tmp_path / "labels" / "Labels_sea.txt").write_text("1\n1\n")
+    items = load_nuswide(tmp_path / "ImageList.txt", tmp_path, labels_dir=tmp_path / "labels")
+    assert items[0] == (str(tmp_path / "a/1.jpg"), ["sea", "sky"]) and items[1][1] == ["sea"]
+    (tmp_path / "l.csv").write_text("path,labels\np1.png,red|round\np2.png,blue\n")
+    items = load_label_csv(tmp_path / "l.csv", tmp_path)
+    assert [ls for _, ls in items] == [["red", "round"], ["blue"]]
+    y, vocab = label_matrix([ls for _, ls in items])
+    assert vocab == ["blue", "red", "round"] and y.tolist() == [[False, True, True], [True, False, False]]
+    (tmp_path / "bad.txt").write_text("x.jpg 0 q\n")
+    with pytest.raises(InputError, match="bad.txt"):
+        load_nuswide(tmp_path / "bad.txt", tmp_path)
+    (tmp_path / "bad.json").write_text("{}")
+    with pytest.raises(InputError, match="bad.json"):
+        load_coco(tmp_path / "bad.json", tmp_path)
+
+
+def test_train_cli_on_feature_file(tmp_path, capsys):
+    from engine.train.ics import main
+
+    rng = np.random.default_rng(0)
+    y = rng.integers(0, 5, 400)
+    x = rng.normal(size=(5, 24))[y] + 0.4 * rng.normal(size=(400, 24))
+    np.savez(tmp_path / "f.npz", embeddings=x.astype(np.float32), labels=y, fingerprint="bb@9")
+    rc = main(["--features", str(tmp_path / "f.npz"), "--bits", "16", "--epochs", "4", "--hidden", "32",
+               "--locality-bits", "16", "--out", str(tmp_path / "ck"), "--quiet"])
+    assert rc == 0
+    record = json.loads((tmp_path / "ck" / "ics-16.json").read_text())
+    assert record["fingerprint"] == "bb@9" and record["code_bits"] == 32
+    assert record["splits"] == {"train": 320, "query": 16, "db": 64}
+    assert record["eval"]["map_ics"] > record["eval"]["map_lsh"]
+    printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert printed[0]["bits"] == 16
+    model = load_ics(tmp_path / "ck" / "ics-16.safetensors", fingerprint="bb@9")
+    assert model.bits == 32
+    with pytest.raises(InputError, match="--bits"):
+        main(["--features", str(tmp_path / "f.npz"), "--bits", "12", "--out", str(tmp_path / "ck")])
