@@ -1,7 +1,10 @@
 """Event handlers: plain functions from UI values to UI values. They call the engine's one `search`."""
 import functools
+import html
 import json
+import shutil
 import tempfile
+import time
 from pathlib import Path
 from typing import Optional
 
@@ -24,7 +27,7 @@ def user_errors(fn):
         try:
             return fn(*args, **kwargs)
         except EngineError as exc:
-            raise gr.Error(str(exc)) from None
+            raise gr.Error(html.escape(str(exc), quote=False)) from None  # pop-ups render HTML
 
     return wrapper
 
@@ -178,7 +181,7 @@ def restore_from_url(engine: SearchEngine, history, request: gr.Request):
             return tuple(gr.update() for _ in range(N_RESTORE_OUTPUTS))
         return run_state(engine, st, history)
     except EngineError as exc:
-        gr.Warning(f"Could not open this link: {exc}")
+        gr.Warning(f"Could not open this link: {html.escape(str(exc), quote=False)}")
         return tuple(gr.update() for _ in range(N_RESTORE_OUTPUTS))
 
 
@@ -190,13 +193,30 @@ def rerun_history(engine: SearchEngine, history, index):
     return run_state(engine, st, history)
 
 
+EXPORT_TTL_S = 3600
+
+
+def _export_folder() -> Path:
+    """A fresh folder for one export; exports older than an hour are removed (Gradio keeps its own copy)."""
+    root = Path(tempfile.gettempdir()) / "cis-exports"
+    root.mkdir(exist_ok=True)
+    now = time.time()
+    for old in root.iterdir():
+        try:
+            if now - old.stat().st_mtime > EXPORT_TTL_S:
+                shutil.rmtree(old, ignore_errors=True)
+        except OSError:
+            pass
+    return Path(tempfile.mkdtemp(dir=root))
+
+
 def export_json_file(engine: SearchEngine, data):
     """The last results as a JSON file (same schema as `python -m engine search --json`, or the compare JSON)."""
     from engine.export import export_json
 
     if not data:
         raise EngineError("nothing to export yet: run a search first")
-    folder = Path(tempfile.mkdtemp(prefix="cis-export-"))
+    folder = _export_folder()
     stem = "compare" if "columns" in data else "results"
     return str(export_json(data, folder / f"{stem}.json"))
 
@@ -207,7 +227,7 @@ def export_png_file(engine: SearchEngine, data):
 
     if not data:
         raise EngineError("nothing to export yet: run a search first")
-    folder = Path(tempfile.mkdtemp(prefix="cis-export-"))
+    folder = _export_folder()
     stem = "compare" if "columns" in data else "results"
     return str(export_contact_sheet(data, engine.index.display_path, folder / f"{stem}-contact-sheet.png"))
 

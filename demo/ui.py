@@ -140,7 +140,8 @@ def _search_controls(engine: SearchEngine, prefix: str, with_compare: bool = Fal
 def build_demo(settings: Optional[Settings] = None, engine: Optional[SearchEngine] = None) -> gr.Blocks:
     settings = settings or Settings()
     engine = engine or load_default_engine(settings)
-    with gr.Blocks(title=TITLE) as demo:
+    # uploads and generated files in Gradio's cache are deleted after an hour (checked every hour)
+    with gr.Blocks(title=TITLE, delete_cache=(3600, 3600)) as demo:
         gr.Markdown(f"# {TITLE}\n{INTRO}")
         gr.Markdown(h.info_markdown(engine), elem_id="backbone-info")
         with gr.Tabs():

@@ -1,0 +1,96 @@
+"""Small helpers that drive the demo page the way a person does (click, type, upload) and read it back."""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import List, Tuple
+
+CAPTION = re.compile(r"^#(\d+) · (-?\d+\.\d{3})(?: · (.*))?$", re.S)
+
+
+def upload(page, elem_id: str, path) -> None:
+    page.set_input_files(f"#{elem_id} input[type=file]", str(path))
+
+
+def upload_reference(page, prefix: str, path) -> str:
+    """Upload a reference image; returns the src of the image the page then shows."""
+    upload(page, f"{prefix}reference", path)
+    page.wait_for_selector(f"#{prefix}reference img")
+    return page.locator(f"#{prefix}reference img").first.get_attribute("src")
+
+
+def type_text(page, prefix: str, text: str) -> None:
+    page.fill(f"#{prefix}text textarea", text)
+
+
+def set_k(page, prefix: str, k: int) -> None:
+    box = page.locator(f"#{prefix}k input[type=number]")
+    box.fill(str(k))
+    box.press("Enter")
+    box.blur()
+
+
+def choose(page, elem_id: str, label: str) -> None:
+    """Pick an option of a Gradio dropdown by its visible label."""
+    page.click(f"#{elem_id} input[role=combobox]")
+    page.locator(f"#{elem_id} li[role=option]", has_text=label).first.click()
+    page.wait_for_function(
+        "([id, label]) => document.querySelector(`#${id} input[role=combobox]`).value.startsWith(label)",
+        arg=[elem_id, label])
+
+
+def open_accordion(page, title: str) -> None:
+    page.locator("button.label-wrap:visible", has_text=title).first.click()
+
+
+def explanation(page, prefix: str) -> str:
+    loc = page.locator(f"#{prefix}explanation")
+    return loc.inner_text() if loc.count() else ""
+
+
+def toast_errors(page) -> List[str]:
+    return page.locator("[data-testid=toast-body]").all_inner_texts()
+
+
+def wait_idle(page, elem_id: str, timeout: float = 90_000) -> None:
+    """Wait until the component's progress tracker is hidden (its event finished)."""
+    page.wait_for_function(
+        "id => { const t = document.querySelector(`#${id} [data-testid=status-tracker]`);"
+        " return !t || t.classList.contains('hide'); }", arg=elem_id, timeout=timeout)
+
+
+def run_search(page, prefix: str = "", button: str = None) -> None:
+    """Click Search and wait for new results: the explanation (with its timings) must change."""
+    before = explanation(page, prefix)
+    page.click(f"#{button or prefix + 'search'}")
+    page.wait_for_function(
+        "([id, before]) => { const e = document.querySelector(`#${id}explanation`);"
+        " const toast = document.querySelector('[data-testid=toast-body]');"
+        " if (toast) return true;"
+        " return e && e.innerText.includes('Timings') && e.innerText !== before; }",
+        arg=[prefix, before])
+    errors = toast_errors(page)
+    assert not errors, f"the page showed an error: {errors}"
+    wait_idle(page, f"{prefix}results")
+
+
+def results(page, prefix: str = "") -> List[Tuple[int, float, str]]:
+    """(rank, score, caption) of each result tile, parsed from its visible caption."""
+    out = []
+    for text in page.locator(f"#{prefix}results .caption-label").all_inner_texts():
+        m = CAPTION.match(text.strip())
+        assert m, f"result caption without rank and score: {text!r}"
+        out.append((int(m.group(1)), float(m.group(2)), (m.group(3) or "").split(" · ")[0]))
+    return out
+
+
+def check_ranked(res, k: int) -> None:
+    assert len(res) == k, f"expected {k} results, the page shows {len(res)}"
+    assert [r for r, _, _ in res] == list(range(1, k + 1))
+    scores = [s for _, s, _ in res]
+    assert all(a >= b - 1e-3 for a, b in zip(scores, scores[1:])), scores
+
+
+def gallery_captions(gallery: Path) -> dict:
+    return json.loads((gallery / "captions.json").read_text())
