@@ -74,6 +74,9 @@ def explanation_markdown_json(data: dict) -> str:
             if key == "formula":  # code span: keeps '*' from turning into markdown emphasis
                 shown = f"<code>{shown}</code>"
             lines.append(f"**{esc(key.replace('_', ' '))}:** {shown}")
+    if comp.get("top_changed_channels"):
+        lines.append("**Channels changed most:** " + ", ".join(
+            f"#{c['channel']} ({c['change']:+.3f})" for c in comp["top_changed_channels"]))
     if "weights" in comp:
         lines.append("**Weights:** " + ", ".join(f"{esc(k)}={v:.2f}" for k, v in comp["weights"].items()))
     ex = explanation.get("expansion")

@@ -155,13 +155,13 @@ def evaluate_cir(backbone, settings: Settings, split: str = "test", nqe: int = 8
 
 def _variants(backbone, settings):
     """Extra checkpoints of registered composers to evaluate side by side (e.g. RTIC trained with GCN)."""
+    from ..compose import ComposerUnavailable
+    from ..compose.rtic import load_rtic_composer
+
     out = {}
     try:
-        mod = importlib.import_module("engine.compose.rtic")
-        loader = getattr(mod, "load_variants", None)
-        if loader:
-            out.update(loader(backbone, settings.checkpoints))
-    except ImportError:
+        out["rtic+gcn"] = load_rtic_composer(backbone, settings.checkpoints, variant="rtic+gcn")
+    except ComposerUnavailable:
         pass
     return out
 

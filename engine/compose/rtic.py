@@ -1,0 +1,335 @@
+"""RTIC: residual text-image composer (Shin et al., "RTIC: Residual Learning for Text and Image
+Composition using Graph Convolutional Network", Appendix B / Table 6), as a supervised composer.
+
+The model works on the frozen backbone's L2-normalised image and text embeddings (both of size
+``D_V = backbone.embed_dim``)::
+
+    x    = F(v_src, t)              fusion: concat(t, v) -> BatchNorm -> LeakyReLU -> Linear(2D -> D)
+    X^0  = x
+    X^k  = X^(k-1) + E^k(X^(k-1))   n error-encoding blocks (inner skip; switch ``inner_skip``)
+    s    = G(x)                     channel-wise gate in (0, 1): Linear, BN, LeakyReLU, Linear, Sigmoid
+    v~   = (1 - s) * X^n + s * v_src
+
+Ablation switches (``RTICConfig``): ``inner_skip=False`` drops the "+ X^(k-1)" of every block;
+``gating=False`` drops the gate and returns ``v~ = X^n``.
+
+Optional trainable projections: ``text_proj`` maps the text embedding before fusion (query side
+only, safe); ``image_proj`` maps the reference embedding *only where it enters the fusion* -- the
+gated skip keeps the raw ``v_src`` so that the output stays in the backbone's image space, where the
+gallery index lives (gallery vectors are never re-projected).
+
+Checkpoints are ``rtic*.safetensors`` files whose safetensors metadata (and a sidecar ``.json``) hold
+the config, the backbone fingerprint and the training record. The composer factory registered as
+``"rtic"`` loads the one matching the live backbone, else raises :class:`ComposerUnavailable`.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Dict, List, Optional, Tuple
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from ..errors import CheckpointError
+from .base import COMPOSERS, Composer, ComposerUnavailable, Composition, Query, normalise
+
+CHECKPOINT_GLOB = "rtic*.safetensors"
+FORMAT_VERSION = 1
+
+
+@dataclass
+class RTICConfig:
+    """Architecture of one RTIC model (stored in every checkpoint)."""
+
+    dim: int = 512  # D_V: the backbone's joint embedding size
+    text_dim: Optional[int] = None  # D_T; defaults to ``dim`` (joint space backbones)
+    n_blocks: int = 4
+    inner_skip: bool = True
+    gating: bool = True
+    negative_slope: float = 0.2  # LeakyReLU slope
+    text_proj: bool = False
+    image_proj: bool = False
+    init_temperature: float = 10.0  # initial logit scale of the DML loss (learnable)
+
+    def __post_init__(self) -> None:
+        if self.text_dim is None:
+            self.text_dim = self.dim
+        if self.dim < 2 or self.dim % 2:
+            raise ValueError(f"RTIC needs an even embedding size >= 2, got {self.dim}")
+        if self.n_blocks < 0:
+            raise ValueError("n_blocks must be >= 0")
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "RTICConfig":
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+
+class Fusion(nn.Module):
+    """F: concat(text, image) -> BatchNorm -> LeakyReLU -> Linear(D_T + D_V -> D_V)."""
+
+    def __init__(self, dim: int, text_dim: int, slope: float):
+        super().__init__()
+        self.bn = nn.BatchNorm1d(text_dim + dim)
+        self.act = nn.LeakyReLU(slope)
+        self.fc = nn.Linear(text_dim + dim, dim)
+
+    def forward(self, image: torch.Tensor, text: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.act(self.bn(torch.cat([text, image], dim=-1))))
+
+
+class ErrorEncoder(nn.Module):
+    """E: Linear D->D/2, BN, LeakyReLU, Linear D/2->D/2, BN, LeakyReLU, Linear D/2->D."""
+
+    def __init__(self, dim: int, slope: float):
+        super().__init__()
+        half = dim // 2
+        self.net = nn.Sequential(
+            nn.Linear(dim, half),
+            nn.BatchNorm1d(half),
+            nn.LeakyReLU(slope),
+            nn.Linear(half, half),
+            nn.BatchNorm1d(half),
+            nn.LeakyReLU(slope),
+            nn.Linear(half, dim),
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+
+class Gate(nn.Module):
+    """G: Linear D->D, BN, LeakyReLU, Linear D->D, Sigmoid."""
+
+    def __init__(self, dim: int, slope: float):
+        super().__init__()
+        self.net = nn.Sequential(
+            nn.Linear(dim, dim), nn.BatchNorm1d(dim), nn.LeakyReLU(slope), nn.Linear(dim, dim), nn.Sigmoid()
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+
+class RTIC(nn.Module):
+    """The composer network. ``forward(image, text)`` -> composed vector (B, D_V), not normalised."""
+
+    def __init__(self, config: RTICConfig):
+        super().__init__()
+        self.config = config
+        d, dt, a = config.dim, config.text_dim, config.negative_slope
+        self.text_proj = nn.Linear(dt, dt) if config.text_proj else None
+        self.image_proj = nn.Linear(d, d) if config.image_proj else None
+        for proj in (self.text_proj, self.image_proj):
+            if proj is not None:  # start as the identity map
+                nn.init.eye_(proj.weight)
+                nn.init.zeros_(proj.bias)
+        self.fusion = Fusion(d, dt, a)
+        self.blocks = nn.ModuleList(ErrorEncoder(d, a) for _ in range(config.n_blocks))
+        self.gate = Gate(d, a) if config.gating else None
+        # learnable temperature of the DML loss (log of the logit scale); unused at inference
+        self.log_scale = nn.Parameter(torch.tensor(float(config.init_temperature)).log())
+
+    def compose(self, image: torch.Tensor, text: torch.Tensor) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """Returns (v~ (B, D), gate s (B, D) or None)."""
+        v_in = self.image_proj(image) if self.image_proj is not None else image
+        t_in = self.text_proj(text) if self.text_proj is not None else text
+        x = self.fusion(v_in, t_in)
+        h = x
+        for block in self.blocks:
+            h = h + block(h) if self.config.inner_skip else block(h)
+        if self.gate is None:
+            return h, None
+        s = self.gate(x)
+        return self.mix(h, image, s), s
+
+    @staticmethod
+    def mix(residual: torch.Tensor, v_src: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+        """The gated skip: v~ = (1 - s) * X^n + s * v_src."""
+        return (1.0 - s) * residual + s * v_src
+
+    def forward(self, image: torch.Tensor, text: torch.Tensor) -> torch.Tensor:
+        return self.compose(image, text)[0]
+
+    @property
+    def logit_scale(self) -> torch.Tensor:
+        return self.log_scale.exp().clamp(max=100.0)
+
+
+def count_parameters(module: nn.Module, exclude: Tuple[str, ...] = ("log_scale",)) -> int:
+    """Trainable parameters, without the loss temperature (not part of the architecture)."""
+    return sum(p.numel() for n, p in module.named_parameters() if p.requires_grad and n not in exclude)
+
+
+# -- checkpoints --------------------------------------------------------------------------------------
+
+
+def save_checkpoint(
+    path: os.PathLike,
+    model: RTIC,
+    fingerprint: str,
+    backbone_name: str = "",
+    extra: Optional[dict] = None,
+) -> Path:
+    """Atomically writes ``path`` (safetensors + metadata) and a sidecar ``.json`` with the same record."""
+    from safetensors.torch import save_file
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    record = {
+        "kind": "rtic",
+        "format_version": FORMAT_VERSION,
+        "config": asdict(model.config),
+        "backbone_fingerprint": fingerprint,
+        "backbone_name": backbone_name,
+        **(extra or {}),
+    }
+    state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+    tmp = path.with_name(path.name + ".tmp")
+    save_file(state, str(tmp), metadata={"rtic": json.dumps(record)})
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o666 & ~umask)  # readable like any other shipped file
+    os.replace(tmp, path)
+    side = path.with_suffix(".json")
+    tmp_side = side.with_name(side.name + ".tmp")
+    tmp_side.write_text(json.dumps(record, indent=2, default=str))
+    os.replace(tmp_side, side)
+    return path
+
+
+def read_checkpoint_record(path: os.PathLike) -> dict:
+    """The metadata record of a checkpoint without loading its tensors."""
+    from safetensors import safe_open
+
+    path = Path(path)
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            meta = f.metadata() or {}
+        record = json.loads(meta["rtic"])
+    except FileNotFoundError:
+        raise CheckpointError(f"RTIC checkpoint not found: {path.name}") from None
+    except Exception as exc:  # damaged file, not a safetensors file, missing metadata
+        raise CheckpointError(f"{path.name} is not a valid RTIC checkpoint ({exc.__class__.__name__})") from None
+    if record.get("kind") != "rtic" or "config" not in record:
+        raise CheckpointError(f"{path.name} is not an RTIC checkpoint")
+    return record
+
+
+def load_checkpoint(path: os.PathLike, fingerprint: Optional[str] = None) -> Tuple[RTIC, dict]:
+    """Loads a model in eval mode; raises CheckpointError naming the file on a fingerprint mismatch."""
+    from safetensors.torch import load_file
+
+    path = Path(path)
+    record = read_checkpoint_record(path)
+    if fingerprint is not None and record.get("backbone_fingerprint") != fingerprint:
+        raise CheckpointError(
+            f"{path.name} was trained for backbone {record.get('backbone_fingerprint')!r}, "
+            f"not the live backbone {fingerprint!r}"
+        )
+    model = RTIC(RTICConfig.from_dict(record["config"]))
+    try:
+        model.load_state_dict(load_file(str(path)))
+    except Exception as exc:
+        raise CheckpointError(f"{path.name}: weights do not match the stored config ({exc})") from None
+    model.eval()
+    return model, record
+
+
+def find_checkpoints(checkpoint_dir: os.PathLike, fingerprint: str) -> List[Tuple[Path, dict]]:
+    """All readable RTIC checkpoints in ``checkpoint_dir`` trained for ``fingerprint``."""
+    found = []
+    directory = Path(checkpoint_dir)
+    if not directory.is_dir():
+        return found
+    for path in sorted(directory.glob(CHECKPOINT_GLOB)):
+        try:
+            record = read_checkpoint_record(path)
+        except CheckpointError:
+            continue
+        if record.get("backbone_fingerprint") == fingerprint:
+            found.append((path, record))
+    return found
+
+
+def checkpoint_name(backbone_name: str, variant: str = "rtic") -> str:
+    """File name for a checkpoint: ``rtic-<backbone slug>.safetensors`` / ``rtic-gcn-<slug>...``."""
+    slug = re.sub(r"[^A-Za-z0-9]+", "-", backbone_name).strip("-").lower() or "backbone"
+    prefix = "rtic-gcn" if variant == "rtic+gcn" else "rtic"
+    return f"{prefix}-{slug}.safetensors"
+
+
+# -- the composer ---------------------------------------------------------------------------------------
+
+
+class RTICComposer(Composer):
+    name, label, needs_image, needs_text = "rtic", "RTIC (learned residual composer)", True, True
+
+    def __init__(self, backbone, model: RTIC, record: Optional[dict] = None, top_channels: int = 5):
+        super().__init__(backbone)
+        self.model = model.eval()
+        self.record = record or {}
+        self.top_channels = top_channels
+        if model.config.dim != backbone.embed_dim:
+            raise CheckpointError(
+                f"RTIC checkpoint has D={model.config.dim}, backbone {backbone.name} has {backbone.embed_dim}"
+            )
+        if self.record.get("variant") == "rtic+gcn":
+            self.label = "RTIC + GCN (learned residual composer)"
+
+    @torch.no_grad()
+    def compose(self, query: Query) -> Composition:
+        self.check(query)
+        enc = self.backbone.encode_texts([query.text])
+        text = enc.embeddings[0].detach().float().cpu().reshape(1, -1)
+        image = query.image_embedding.detach().float().cpu().reshape(1, -1)
+        out, s = self.model.compose(image, text)
+        vec = normalise(out[0])
+        delta = torch.from_numpy(vec) - F.normalize(image[0], dim=0)
+        order = delta.abs().argsort(descending=True)[: self.top_channels]
+        explanation: Dict[str, object] = {
+            "formula": "q = (1 - s) * X^n + s * v_ref" if s is not None else "q = X^n (no gate)",
+            "gate_mean": float(s.mean()) if s is not None else None,
+            "top_changed_channels": [{"channel": int(i), "change": round(float(delta[i]), 4)} for i in order],
+            "prompt": query.text,
+            "checkpoint": self.record.get("file", ""),
+            "variant": self.record.get("variant", "rtic"),
+        }
+        return Composition(vec, explanation, list(enc.notices))
+
+
+def load_rtic_composer(backbone, checkpoint_dir=None, variant: Optional[str] = None) -> RTICComposer:
+    """Loads the RTIC checkpoint for ``backbone`` from ``checkpoint_dir`` (default: settings).
+
+    ``variant``: ``"rtic"`` or ``"rtic+gcn"`` to pick one; None takes the checkpoint with the best
+    held-out R@10 stored by the training run (``rtic+gcn`` first when no numbers are stored).
+    """
+    if checkpoint_dir is None:
+        from ..config import Settings
+
+        checkpoint_dir = Settings().checkpoints
+    found = find_checkpoints(checkpoint_dir, backbone.fingerprint)
+    if variant is not None:
+        found = [(p, r) for p, r in found if r.get("variant", "rtic") == variant]
+    if not found:
+        raise ComposerUnavailable(
+            f"no RTIC checkpoint for {backbone.name} in {checkpoint_dir}; train one with "
+            f"python -m engine train rtic --data cir"
+        )
+    def rank(pr):  # best stored held-out R@10 first; without numbers, rtic+gcn first
+        held = pr[1].get("held_out") or {}
+        return (float(held.get("R@10", -1.0)), pr[1].get("variant") == "rtic+gcn", pr[0].name)
+
+    found.sort(key=rank, reverse=True)
+    path, _ = found[0]
+    model, record = load_checkpoint(path, backbone.fingerprint)
+    record["file"] = path.name
+    return RTICComposer(backbone, model, record)
+
+
+COMPOSERS.register("rtic")(lambda backbone, checkpoint_dir=None: load_rtic_composer(backbone, checkpoint_dir))
