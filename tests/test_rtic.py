@@ -523,9 +523,9 @@ def test_checkpoint_roundtrip_and_composer(tmp_path):
     assert chans[0]["channel"] == int(delta.argmax()) and len(chans) == 5
     with pytest.raises(InputError, match="modification text"):
         composer.compose(Query(text="", image_embedding=img, has_image=True))
-    # the GCN variant is preferred when both exist; an explicit variant picks one
+    # plain RTIC is the default when both exist (never chosen by test numbers); an explicit variant picks one
     save_checkpoint(tmp_path / "rtic-gcn-fake-a.safetensors", model, bb.fingerprint, bb.name, {"variant": "rtic+gcn"})
-    assert load_rtic_composer(bb, tmp_path).record["variant"] == "rtic+gcn"
+    assert load_rtic_composer(bb, tmp_path).record["variant"] == "rtic"
     assert load_rtic_composer(bb, tmp_path, variant="rtic").record["file"] == "rtic-fake-a.safetensors"
     # with stored held-out numbers the better one wins
     save_checkpoint(tmp_path / "rtic-fake-a.safetensors", model, bb.fingerprint, bb.name,

@@ -306,8 +306,8 @@ class RTICComposer(Composer):
 def load_rtic_composer(backbone, checkpoint_dir=None, variant: Optional[str] = None) -> RTICComposer:
     """Loads the RTIC checkpoint for ``backbone`` from ``checkpoint_dir`` (default: settings).
 
-    ``variant``: ``"rtic"`` or ``"rtic+gcn"`` to pick one; None takes the checkpoint with the best
-    held-out R@10 stored by the training run (``rtic+gcn`` first when no numbers are stored).
+    ``variant``: ``"rtic"`` or ``"rtic+gcn"`` to pick one; None takes the plain RTIC checkpoint when
+    there is one (never chosen by test-split numbers), else the GCN-trained one.
     """
     if checkpoint_dir is None:
         from ..config import Settings
@@ -321,9 +321,8 @@ def load_rtic_composer(backbone, checkpoint_dir=None, variant: Optional[str] = N
             f"no RTIC checkpoint for {backbone.name} in {checkpoint_dir}; train one with "
             f"python -m engine train rtic --data cir"
         )
-    def rank(pr):  # best stored held-out R@10 first; without numbers, rtic+gcn first
-        held = pr[1].get("held_out") or {}
-        return (float(held.get("R@10", -1.0)), pr[1].get("variant") == "rtic+gcn", pr[0].name)
+    def rank(pr):  # plain RTIC first: picking by stored held-out (test) numbers would tune on the test split
+        return (pr[1].get("variant", "rtic") == "rtic", pr[0].name)
 
     found.sort(key=rank, reverse=True)
     path, _ = found[0]
