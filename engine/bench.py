@@ -24,7 +24,7 @@ from .config import ROOT, Settings
 EXTRA_SECTIONS: Dict[str, str] = {
     "expanders": "engine.expand.evaluate:bench_section",
     "ics": "engine.index.ics_bench:bench_section",
-    "context-i2w": "engine.compose.context_i2w_bench:bench_section",
+    "context-i2w": "engine.train.context_i2w:bench_section",
 }
 
 

@@ -1,0 +1,749 @@
+"""Train the Context-I2W mapper on image-caption pairs (``python -m engine train context-i2w``).
+
+Pipeline:
+
+1. pairs (image path, caption) from the offline ``captions`` set, a CSV/TSV/JSONL file of path +
+   caption, or a CC3M-style folder (``xxx.jpg`` next to ``xxx.txt`` or ``xxx.json`` with ``caption``);
+2. spaCy replaces each caption's subject with the placeholder (``engine.data.subjects``, cached);
+   pairs without a subject are skipped and counted;
+3. the frozen backbone encodes every image once: embedding (float32) and visual tokens (float16),
+   cached on disk by backbone fingerprint and image content; the context embeddings (the text
+   encoder's embeddings of the subject-replaced captions) are cached the same way;
+4. only the mapper trains: S* = mapper(context, tokens); the prompt ``"a photo of *"`` with S* is encoded
+   by the frozen text encoder and matched to the image embedding with a symmetric InfoNCE loss at the
+   backbone's logit scale. AdamW, linear warm-up + cosine schedule, AMP on CUDA, a checkpoint every
+   epoch (``--out``) and a resumable state (``--run-dir``, ``--resume``).
+
+``--checkpoint FILE`` starts from the authors' released ``IM2TEXT_OWM_Attn`` checkpoint (mapped onto
+our module); with ``--epochs 0`` it only converts it to our checkpoint format for the live backbone.
+
+Evaluation helpers used by ``python -m engine eval`` / ``bench``: :func:`evaluate_pairs` (held-out
+"a photo of S*" -> image retrieval), :func:`evaluate_context_i2w` (composed retrieval R@K against the
+image-only, text-only and sum baselines on triplets) and :func:`bench_context_i2w` (extra latency).
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import hashlib
+import io
+import json
+import math
+import os
+import random
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from ..compose.context_i2w import (ContextI2WComposer, ContextI2WConfig, ContextI2WMapper, checkpoint_name,
+                                   count_parameters, load_authors_checkpoint, save_checkpoint)
+from ..errors import CheckpointError, InputError
+
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".webp", ".bmp")
+PATH_KEYS = ("image", "path", "file", "filepath", "filename", "img")
+CAPTION_KEYS = ("caption", "text", "title", "name", "title_text")
+
+# Small configuration for the packaged offline backbone (checkpoint <= 25 MB as float16).
+SMALL_CONFIG = dict(depth=1, heads=4, dim_head=32, num_latents=4, ff_mult=0.5, middle_dim=384, n_layer=2)
+
+
+# -- data ------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Pair:
+    path: Path
+    caption: str
+
+
+def _pick(rec: dict, keys: Sequence[str], what: str, source: str):
+    for k in keys:
+        if k in rec and rec[k] not in (None, ""):
+            return rec[k]
+    raise InputError(f"{source}: a record has no {what} field (tried {', '.join(keys)})")
+
+
+def _pairs_from_records(records: List[dict], root: Path, source: str) -> List[Pair]:
+    out = []
+    for rec in records:
+        p = Path(str(_pick(rec, PATH_KEYS, "image path", source)))
+        cap = _pick(rec, CAPTION_KEYS, "caption", source)
+        if isinstance(cap, list):
+            cap = cap[0] if cap else ""
+        out.append(Pair(p if p.is_absolute() else root / p, str(cap)))
+    return out
+
+
+def read_pair_file(path: Path, image_root: Optional[Path] = None) -> List[Pair]:
+    """CSV/TSV (header with an image-path and a caption column) or JSONL of path + caption."""
+    from ..data.formats import read_jsonl
+
+    path = Path(path)
+    root = Path(image_root) if image_root else path.parent
+    if path.suffix.lower() in (".jsonl", ".json"):
+        return _pairs_from_records(read_jsonl(path), root, path.name)
+    if path.suffix.lower() in (".csv", ".tsv", ".txt"):
+        with open(path, newline="", encoding="utf-8") as f:
+            head = f.readline()
+            f.seek(0)
+            delim = "\t" if (path.suffix.lower() == ".tsv" or "\t" in head) else ","
+            rows = list(csv.DictReader(f, delimiter=delim))
+        if not rows:
+            raise InputError(f"{path.name} has no rows")
+        return _pairs_from_records([{k.strip().lower(): v for k, v in r.items() if k} for r in rows], root, path.name)
+    raise InputError(f"{path.name}: expected a .csv, .tsv or .jsonl file of image path + caption")
+
+
+def read_pair_folder(folder: Path) -> List[Pair]:
+    """CC3M-style folders (img2dataset layout): ``<key>.jpg`` with ``<key>.txt`` or ``<key>.json``."""
+    out = []
+    for img in sorted(p for p in Path(folder).rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES):
+        txt, js = img.with_suffix(".txt"), img.with_suffix(".json")
+        cap = None
+        if txt.is_file():
+            cap = txt.read_text(encoding="utf-8", errors="replace").strip()
+        elif js.is_file():
+            try:
+                cap = json.loads(js.read_text(encoding="utf-8")).get("caption")
+            except (json.JSONDecodeError, AttributeError):
+                cap = None
+        if cap:
+            out.append(Pair(img, str(cap)))
+    if not out:
+        raise InputError(f"no image + caption pairs (x.jpg next to x.txt / x.json) under {Path(folder).name}")
+    return out
+
+
+def load_pairs(spec: str, split: str = "train", image_root: Optional[str] = None) -> List[Pair]:
+    """``captions`` (offline set, one split), a pair file, or a CC3M-style folder."""
+    if spec == "captions":
+        from ..data import formats
+
+        records = formats.load_split("captions", split)
+        return _pairs_from_records(records, formats.image_root("captions"), f"captions/{split}")
+    path = Path(spec)
+    if path.is_dir():
+        return read_pair_folder(path)
+    if path.is_file():
+        return read_pair_file(path, Path(image_root) if image_root else None)
+    raise InputError(f"training data {spec!r} is neither 'captions' nor an existing file or folder")
+
+
+def split_pairs(pairs: List[Pair], val_fraction: float, seed: int = 0) -> Tuple[List[Pair], List[Pair]]:
+    """Deterministic split disjoint by image path."""
+    def bucket(p: Pair) -> float:
+        h = hashlib.sha1(f"{seed}:{p.path}".encode()).hexdigest()
+        return int(h[:8], 16) / 0xFFFFFFFF
+
+    val = [p for p in pairs if bucket(p) < val_fraction]
+    train = [p for p in pairs if bucket(p) >= val_fraction]
+    return train, val
+
+
+# -- cached features ---------------------------------------------------------------------------------------
+
+
+def _cache_root() -> Path:
+    from ..config import cache_dir
+
+    return cache_dir() / "context_i2w"
+
+
+def _save_npy(path: Path, arr: np.ndarray) -> None:
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "wb") as f:
+        np.save(f, arr, allow_pickle=False)
+    os.replace(tmp, path)
+
+
+def image_features(backbone, paths: Sequence[Path], batch_size: int = 32, cache: bool = True,
+                   progress: bool = True) -> Tuple[np.ndarray, np.ndarray]:
+    """(embeddings float32 (N, D), visual tokens float16 (N, 1+P, W)) in the order of ``paths``.
+
+    Cached per image in ``<cache>/context_i2w/features/<backbone key>/<sha[:2]>/<sha>.npz`` (image content
+    hash), so data sets that are rebuilt, re-split or share images reuse earlier work.
+    """
+    from tqdm.auto import tqdm
+
+    from ..images import load_image, sha256_file
+
+    hashes = [sha256_file(p) for p in paths]
+    bkey = hashlib.sha256(backbone.fingerprint.encode()).hexdigest()[:16]
+    folder = _cache_root() / "features" / bkey
+    found: Dict[str, Tuple[np.ndarray, np.ndarray]] = {}
+    if cache:
+        for h in dict.fromkeys(hashes):
+            f = folder / h[:2] / f"{h}.npz"
+            if f.is_file():
+                try:
+                    with np.load(f, allow_pickle=False) as z:
+                        found[h] = (z["emb"], z["tokens"])
+                except (OSError, ValueError, KeyError):
+                    pass  # damaged: recompute
+    todo = [i for i, h in enumerate(hashes) if h not in found]
+    todo = list({hashes[i]: i for i in todo}.values())
+    with tqdm(total=len(todo), desc="image features", unit="img", disable=not progress or not todo) as bar:
+        for i in range(0, len(todo), batch_size):
+            chunk = todo[i:i + batch_size]
+            pixels = torch.stack([backbone.preprocess(load_image(paths[j])) for j in chunk])
+            with torch.no_grad():
+                e, t = backbone.encode_images_with_tokens(pixels)
+            e = e.float().cpu().numpy()
+            t = t.cpu().to(torch.float16).numpy()
+            for k, j in enumerate(chunk):
+                found[hashes[j]] = (e[k], t[k])
+                if cache:
+                    f = folder / hashes[j][:2] / f"{hashes[j]}.npz"
+                    f.parent.mkdir(parents=True, exist_ok=True)
+                    buf = io.BytesIO()
+                    np.savez(buf, emb=e[k], tokens=t[k])
+                    tmp = f.with_name(f"{f.name}.{os.getpid()}.tmp")
+                    tmp.write_bytes(buf.getvalue())
+                    os.replace(tmp, f)
+            bar.update(len(chunk))
+    if not paths:
+        return np.zeros((0, backbone.embed_dim), np.float32), np.zeros((0, 1, backbone.vision_width), np.float16)
+    emb = np.stack([found[h][0] for h in hashes]).astype(np.float32)
+    tok = np.stack([found[h][1] for h in hashes]).astype(np.float16)
+    return emb, tok
+
+
+def text_embeddings(backbone, texts: Sequence[str], batch_size: int = 128, cache: bool = True,
+                    progress: bool = False) -> np.ndarray:
+    """Frozen text-encoder embeddings (N, D) float32, cached by fingerprint + texts."""
+    from tqdm.auto import tqdm
+
+    key = hashlib.sha256("\n".join([backbone.fingerprint] + list(texts)).encode()).hexdigest()[:24]
+    path = _cache_root() / "texts" / f"{key}.npy"
+    if cache and path.is_file():
+        try:
+            return np.load(path)
+        except (OSError, ValueError):
+            pass
+    out = []
+    for i in tqdm(range(0, len(texts), batch_size), desc="context embeddings", disable=not progress):
+        out.append(backbone.encode_texts(list(texts[i:i + batch_size])).embeddings.float().cpu().numpy())
+    arr = np.concatenate(out) if out else np.zeros((0, backbone.embed_dim), np.float32)
+    if cache:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        _save_npy(path, arr)
+    return arr
+
+
+@dataclass
+class PairFeatures:
+    """Everything training needs, aligned by row."""
+
+    emb: np.ndarray  # (N, D) float32, L2-normalised image embeddings
+    tokens: np.ndarray  # (N, 1+P, W) float16 visual tokens
+    context: np.ndarray  # (N, D) float32 context embeddings of the subject-replaced captions
+    captions: List[str]
+    replaced: List[str]
+    paths: List[str]
+    skipped_no_subject: int = 0
+
+    def __len__(self) -> int:
+        return len(self.captions)
+
+
+def prepare_features(backbone, pairs: Sequence[Pair], batch_size: int = 32, cache: bool = True,
+                     progress: bool = True) -> PairFeatures:
+    """Subject replacement, image features and context embeddings for ``pairs`` (no-subject pairs dropped)."""
+    from ..data.subjects import replace_subjects
+
+    if not pairs:
+        raise InputError("no image-caption pairs to use")
+    replaced, stats = replace_subjects([p.caption for p in pairs], backbone.placeholder, cache=cache,
+                                       progress=progress)
+    keep = [i for i, r in enumerate(replaced) if r is not None and r.count(backbone.placeholder) == 1]
+    if not keep:
+        raise InputError("spaCy found no subject in any caption; nothing to train on")
+    kept = [pairs[i] for i in keep]
+    emb, tok = image_features(backbone, [p.path for p in kept], batch_size, cache, progress)
+    ctx = text_embeddings(backbone, [replaced[i] for i in keep], cache=cache, progress=progress)
+    return PairFeatures(emb, tok, ctx, [p.caption for p in kept], [replaced[i] for i in keep],
+                        [str(p.path) for p in kept], skipped_no_subject=len(pairs) - len(keep))
+
+
+# -- training ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class TrainConfig:
+    epochs: int = 10
+    batch_size: int = 64
+    lr: float = 1e-4
+    weight_decay: float = 0.1
+    warmup_steps: int = 50
+    seed: int = 0
+    grad_clip: float = 1.0
+    amp: bool = True  # only used on CUDA
+
+
+def contrastive_loss(image: torch.Tensor, text: torch.Tensor, scale: float) -> torch.Tensor:
+    """Symmetric InfoNCE between matching rows of two L2-normalised batches."""
+    logits = scale * image @ text.t()
+    target = torch.arange(image.shape[0], device=image.device)
+    return 0.5 * (F.cross_entropy(logits, target) + F.cross_entropy(logits.t(), target))
+
+
+def _batch(feats: PairFeatures, idx: np.ndarray, device: str):
+    idx = np.sort(idx)
+    emb = torch.from_numpy(np.asarray(feats.emb[idx])).to(device).float()
+    tok = torch.from_numpy(np.asarray(feats.tokens[idx])).to(device).float()
+    ctx = torch.from_numpy(np.asarray(feats.context[idx])).to(device).float()
+    return emb, tok, ctx
+
+
+def pseudo_prompt_embeddings(backbone, mapper: ContextI2WMapper, tokens: torch.Tensor, context: torch.Tensor,
+                             prompt: Optional[str] = None) -> torch.Tensor:
+    """L2-normalised text embeddings of ``prompt`` (default: the training prompt) with each row's S*."""
+    s = mapper(context, tokens)
+    prompt = prompt or mapper.config.train_prompt
+    return backbone.encode_texts_with_pseudo([prompt] * s.shape[0], s.float())
+
+
+def _param_groups(mapper: ContextI2WMapper, weight_decay: float):
+    decay, no_decay = [], []
+    for name, p in mapper.named_parameters():
+        if not p.requires_grad:
+            continue
+        (no_decay if (p.dim() < 2 or "norm" in name or name.endswith(".g")) else decay).append(p)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def _schedule(total: int, warmup: int):
+    def f(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / max(1, warmup)
+        t = (step - warmup) / max(1, total - warmup)
+        return 0.5 * (1 + math.cos(math.pi * min(1.0, t)))
+
+    return f
+
+
+def _atomic_torch_save(obj, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    torch.save(obj, tmp)
+    os.replace(tmp, path)
+
+
+def train_mapper(backbone, mapper: ContextI2WMapper, feats: PairFeatures, cfg: TrainConfig,
+                 out: Optional[Path] = None, run_dir: Optional[Path] = None, resume: bool = False,
+                 progress: bool = True, half: bool = False, extra: Optional[dict] = None,
+                 max_steps: Optional[int] = None) -> List[dict]:
+    """Trains ``mapper`` in place; returns the history (one dict per epoch: loss, lr, seconds).
+
+    ``out``: checkpoint file written every epoch. ``run_dir``: ``state.pt`` (mapper, optimiser,
+    scheduler, epoch, history) for ``resume``. The backbone stays frozen: only the mapper's
+    parameters are given to the optimiser, and gradients reach them through the pseudo-token only.
+    """
+    from tqdm.auto import tqdm
+
+    device = backbone.device
+    torch.manual_seed(cfg.seed)
+    rng = np.random.default_rng(cfg.seed)
+    mapper.to(device).train()
+    n = len(feats)
+    bs = min(cfg.batch_size, n)
+    if bs < 2:
+        raise InputError("contrastive training needs at least 2 pairs")
+    steps_per_epoch = n // bs
+    total = steps_per_epoch * cfg.epochs if max_steps is None else min(max_steps, steps_per_epoch * cfg.epochs)
+    opt = torch.optim.AdamW(_param_groups(mapper, cfg.weight_decay), lr=cfg.lr)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, _schedule(max(total, 1), min(cfg.warmup_steps, total // 5)))
+    use_amp = bool(cfg.amp and str(device).startswith("cuda"))
+    amp_dtype = torch.bfloat16 if use_amp and torch.cuda.is_bf16_supported() else torch.float16
+    scaler = torch.amp.GradScaler("cuda", enabled=use_amp and amp_dtype == torch.float16)
+    history: List[dict] = []
+    start_epoch, step = 0, 0
+    state_path = Path(run_dir) / "state.pt" if run_dir else None
+    if resume and state_path is not None and state_path.is_file():
+        try:
+            st = torch.load(state_path, map_location=device, weights_only=True)
+        except Exception as exc:
+            raise CheckpointError(f"{state_path.name}: cannot resume ({exc.__class__.__name__})") from None
+        if st.get("backbone_fingerprint") != backbone.fingerprint:
+            raise CheckpointError(f"{state_path.name} belongs to backbone {st.get('backbone_fingerprint')!r}, "
+                                  f"not {backbone.fingerprint!r}")
+        if st.get("config") != json.dumps(asdict(mapper.config), sort_keys=True):
+            raise CheckpointError(f"{state_path.name} was written for another mapper config")
+        mapper.load_state_dict(st["mapper"])
+        opt.load_state_dict(st["optimizer"])
+        sched.load_state_dict(st["scheduler"])
+        start_epoch, step, history = int(st["epoch"]), int(st["step"]), list(st["history"])
+        rng = np.random.default_rng(cfg.seed + start_epoch)
+    scale = float(backbone.logit_scale)
+    for epoch in range(start_epoch, cfg.epochs):
+        if max_steps is not None and step >= max_steps:
+            break
+        order = rng.permutation(n)
+        t0, seen, losses = time.time(), 0, []
+        bar = tqdm(range(steps_per_epoch), desc=f"epoch {epoch + 1}/{cfg.epochs}", disable=not progress)
+        for b in bar:
+            if max_steps is not None and step >= max_steps:
+                break
+            emb, tok, ctx = _batch(feats, order[b * bs:(b + 1) * bs], device)
+            with torch.autocast("cuda", dtype=amp_dtype, enabled=use_amp):
+                txt = pseudo_prompt_embeddings(backbone, mapper, tok, ctx)
+                loss = contrastive_loss(emb, txt.float(), scale)
+            opt.zero_grad(set_to_none=True)
+            scaler.scale(loss).backward()
+            if cfg.grad_clip:
+                scaler.unscale_(opt)
+                torch.nn.utils.clip_grad_norm_(mapper.parameters(), cfg.grad_clip)
+            scaler.step(opt)
+            scaler.update()
+            sched.step()
+            step += 1
+            seen += emb.shape[0]
+            losses.append(float(loss.detach()))
+            bar.set_postfix(loss=f"{losses[-1]:.3f}", img_s=f"{seen / max(time.time() - t0, 1e-6):.0f}",
+                            gate=f"{mapper.gate_value():+.3f}")
+        bar.close()
+        rec = {"epoch": epoch + 1, "step": step, "loss": float(np.mean(losses)) if losses else float("nan"),
+               "lr": float(sched.get_last_lr()[0]), "seconds": round(time.time() - t0, 2),
+               "gate": mapper.gate_value()}
+        history.append(rec)
+        if out is not None:
+            save_checkpoint(out, mapper.eval(), backbone, {"training": {"history": history, **(extra or {})}},
+                            half=half)
+            mapper.train()
+        if state_path is not None:
+            _atomic_torch_save({"mapper": mapper.state_dict(), "optimizer": opt.state_dict(),
+                                "scheduler": sched.state_dict(), "epoch": epoch + 1, "step": step,
+                                "history": history, "backbone_fingerprint": backbone.fingerprint,
+                                "config": json.dumps(asdict(mapper.config), sort_keys=True)}, state_path)
+    mapper.eval()
+    return history
+
+
+# -- evaluation --------------------------------------------------------------------------------------------
+
+
+def _recall(scores: np.ndarray, targets: Sequence[Sequence[int]], ks: Sequence[int],
+            exclude: Optional[Sequence[int]] = None) -> Dict[str, float]:
+    """R@K (percent): a query counts when any of its targets ranks in the top K (``exclude`` removed)."""
+    scores = np.array(scores, dtype=np.float64)
+    if exclude is not None:
+        for i, e in enumerate(exclude):
+            if e is not None and e >= 0:
+                scores[i, e] = -np.inf
+    order = np.argsort(-scores, axis=1, kind="stable")
+    ranks = []
+    for i, ts in enumerate(targets):
+        pos = np.where(np.isin(order[i], list(ts)))[0]
+        ranks.append(pos.min() if pos.size else np.inf)
+    ranks = np.asarray(ranks, dtype=float)
+    return {f"R@{k}": float((ranks < k).mean() * 100.0) for k in ks}
+
+
+@torch.no_grad()
+def evaluate_pairs(backbone, mapper: ContextI2WMapper, feats: PairFeatures, ks: Sequence[int] = (1, 5, 10),
+                   batch_size: int = 64) -> Dict[str, Dict[str, float]]:
+    """Held-out pseudo-word retrieval: "a photo of S*" (S* from image i and its caption's context) must find
+    image i among the held-out images. The caption's text-only retrieval is reported alongside; the
+    image-only baseline is trivially perfect on this task and is therefore not reported."""
+    mapper.eval()
+    device = backbone.device
+    q = []
+    for i in range(0, len(feats), batch_size):
+        idx = np.arange(i, min(i + batch_size, len(feats)))
+        _, tok, ctx = _batch(feats, idx, device)
+        q.append(pseudo_prompt_embeddings(backbone, mapper, tok, ctx).float().cpu())
+    q = torch.cat(q).numpy()
+    gallery = np.asarray(feats.emb, dtype=np.float32)
+    targets = [[i] for i in range(len(feats))]
+    caps = text_embeddings(backbone, feats.captions)
+    return {"context-i2w": _recall(q @ gallery.T, targets, ks), "text (caption)": _recall(caps @ gallery.T, targets, ks)}
+
+
+def evaluate_context_i2w(backbone, mapper: ContextI2WMapper, triplets: Sequence[dict],
+                         gallery: Optional[Sequence[str]] = None, ks: Sequence[int] = (1, 5, 10),
+                         alpha: float = 0.5, progress: bool = True) -> Dict[str, Dict[str, float]]:
+    """Composed retrieval R@K of Context-I2W and the image-only, text-only and sum baselines.
+
+    ``triplets``: dicts with ``reference`` (image path), ``text`` and ``targets`` (list of image paths)
+    or ``target``. ``gallery``: image paths searched (default: every reference and target). The
+    reference image itself is removed from each query's ranking (as in CIRR).
+    """
+    from tqdm.auto import tqdm
+
+    from ..compose.base import COMPOSERS, Query
+
+    def targets_of(t):
+        ts = t.get("targets", t.get("target"))
+        return [str(x) for x in (ts if isinstance(ts, (list, tuple)) else [ts])]
+
+    if not triplets:
+        raise InputError("no triplets to evaluate")
+    if gallery is None:
+        seen = {}
+        for t in triplets:
+            for p in [str(t["reference"])] + targets_of(t):
+                seen.setdefault(p, None)
+        gallery = list(seen)
+    gallery = list(dict.fromkeys(str(g) for g in gallery))
+    gallery += [p for p in dict.fromkeys(x for t in triplets for x in targets_of(t)) if p not in set(gallery)]
+    pos = {p: i for i, p in enumerate(gallery)}
+    refs = sorted({str(t["reference"]) for t in triplets})
+    g_emb, _ = image_features(backbone, [Path(p) for p in gallery], progress=progress)
+    r_emb, r_tok = image_features(backbone, [Path(p) for p in refs], progress=progress)
+    rpos = {p: i for i, p in enumerate(refs)}
+    composers = {"context-i2w": ContextI2WComposer(backbone, mapper.eval())}
+    for name in ("image", "text", "sum"):
+        composers[name] = COMPOSERS.get(name)(backbone)
+    vecs = {name: [] for name in composers}
+    for t in tqdm(triplets, desc="composed queries", disable=not progress):
+        r = rpos[str(t["reference"])]
+        query = Query(text=str(t["text"]), image_embedding=torch.from_numpy(np.array(r_emb[r])),
+                      image_tokens=torch.from_numpy(np.array(r_tok[r])).float(), has_image=True, alpha=alpha)
+        for name, comp in composers.items():
+            vecs[name].append(comp.compose(query).vector)
+    targets = [[pos[p] for p in targets_of(t) if p in pos] for t in triplets]
+    exclude = [pos.get(str(t["reference"]), -1) for t in triplets]
+    return {name: _recall(np.stack(v) @ np.asarray(g_emb).T, targets, ks, exclude) for name, v in vecs.items()}
+
+
+def bench_context_i2w(backbone, mapper: Optional[ContextI2WMapper] = None, n: int = 20,
+                      text: str = "with a red hat") -> Dict[str, float]:
+    """Latency per query on the backbone's device, image pass excluded (it is shared with the cache):
+    Context-I2W compose vs text-only compose; ``extra_ms`` is the difference."""
+    from ..compose.base import COMPOSERS, Query
+
+    if mapper is None:
+        torch.manual_seed(0)
+        mapper = ContextI2WMapper(ContextI2WConfig.for_backbone(backbone))  # cost does not depend on weights
+    size = getattr(backbone, "size", None) or backbone.model.visual.image_size
+    size = size[0] if isinstance(size, (tuple, list)) else size
+    emb, tok = backbone.encode_images_with_tokens(torch.randn(1, 3, int(size), int(size)))
+    query = Query(text=text, image_embedding=emb[0], image_tokens=tok[0], has_image=True)
+    ci2w, txt = ContextI2WComposer(backbone, mapper), COMPOSERS.get("text")(backbone)
+
+    def timed(comp) -> float:
+        for _ in range(2):
+            comp.compose(query)
+        t0 = time.perf_counter()
+        for _ in range(n):
+            comp.compose(query)
+        return (time.perf_counter() - t0) / n * 1000.0
+
+    c_ms, t_ms = timed(ci2w), timed(txt)
+    return {"backbone": backbone.name, "context_i2w_ms": round(c_ms, 2), "text_only_ms": round(t_ms, 2),
+            "extra_ms": round(c_ms - t_ms, 2), "mapper_parameters": count_parameters(mapper),
+            "threads": torch.get_num_threads()}
+
+
+def bench_section(args=None, ctx=None, n: int = 20) -> Tuple[str, dict]:
+    """``python -m engine bench`` section: extra CPU latency per query of Context-I2W over text-only.
+
+    Backbones: open_clip ViT-B-32 with random weights (paper-size mapper: the cost does not depend on the
+    weights) and the packaged offline backbone with its shipped checkpoint (else the ``--small`` mapper).
+    Returns (markdown, figures).
+    """
+    from ..backbones.factory import create_backbone
+    from ..backbones.openclip import OpenClipBackbone
+    from ..compose.context_i2w import find_checkpoints, load_checkpoint
+    from ..config import Settings
+
+    n = int(getattr(args, "queries", n) or n)
+    rows = []
+    vit = OpenClipBackbone("ViT-B-32", pretrained=None, device="cpu")
+    rows.append({"setting": "ViT-B-32 (random weights), paper-size mapper", **bench_context_i2w(vit, n=n)})
+    try:
+        pk = create_backbone("packaged", "cpu")
+    except Exception as exc:  # the packaged weights are optional
+        pk = None
+        rows.append({"setting": f"packaged backbone unavailable ({exc.__class__.__name__})"})
+    if pk is not None:
+        found = find_checkpoints(Settings().checkpoints, pk.fingerprint)
+        if found:
+            mapper, rec = load_checkpoint(found[0][0], pk.fingerprint)
+            label = f"packaged, shipped checkpoint {rec['file']}"
+        else:
+            torch.manual_seed(0)
+            mapper, label = ContextI2WMapper(ContextI2WConfig.for_backbone(pk, **SMALL_CONFIG)).eval(), "packaged, --small mapper"
+        rows.append({"setting": label, **bench_context_i2w(pk, mapper, n=n)})
+    md = ["Per query on CPU, image pass excluded (it is shared with the feature cache); "
+          f"mean of {n} queries after 2 warm-up queries.", "",
+          "| backbone / mapper | mapper parameters | Context-I2W ms | text-only ms | extra ms |", "|---|---|---|---|---|"]
+    for r in rows:
+        if "extra_ms" in r:
+            md.append(f"| {r['setting']} | {r['mapper_parameters']:,} | {r['context_i2w_ms']:.1f} | "
+                      f"{r['text_only_ms']:.1f} | {r['extra_ms']:.1f} |")
+        else:
+            md.append(f"| {r['setting']} | | | | |")
+    return "\n".join(md), {"rows": rows}
+
+
+# -- command line ------------------------------------------------------------------------------------------
+
+
+def _parser() -> argparse.ArgumentParser:
+    d, t = ContextI2WConfig(vision_width=1, token_dim=1, context_dim=1), TrainConfig()
+    ap = argparse.ArgumentParser(prog="python -m engine train context-i2w", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--data", default="captions", help="'captions' (offline set), a CSV/TSV/JSONL file or a CC3M-style folder")
+    ap.add_argument("--image-root", default=None, help="folder that relative image paths in a pair file start from")
+    ap.add_argument("--split", default="train", help="captions: training split")
+    ap.add_argument("--val-split", default="val", help="captions: held-out split ('' = none)")
+    ap.add_argument("--val-fraction", type=float, default=0.1, help="pair files/folders: held-out share (by image)")
+    ap.add_argument("--max-pairs", type=int, default=0, help="use at most this many training pairs (0 = all)")
+    ap.add_argument("--backbone", default=os.environ.get("CIS_BACKBONE", "auto"))
+    ap.add_argument("--device", default="auto")
+    ap.add_argument("--out", default=None, help="checkpoint folder (default: CIS_CHECKPOINTS / assets/checkpoints)")
+    ap.add_argument("--name", default=None, help="checkpoint file name (default context_i2w-<backbone>.safetensors)")
+    ap.add_argument("--run-dir", default=None, help="resume state (default: <cache>/context_i2w/runs/<name>)")
+    ap.add_argument("--resume", action="store_true")
+    ap.add_argument("--checkpoint", default=None, help="start from the authors' IM2TEXT_OWM_Attn checkpoint (.pt)")
+    ap.add_argument("--half", action="store_true", help="store the checkpoint as float16")
+    ap.add_argument("--small", action="store_true", help=f"small mapper for offline backbones: {SMALL_CONFIG}")
+    for name in ("depth", "heads", "dim_head", "num_latents", "middle_dim", "n_layer"):
+        ap.add_argument("--" + name.replace("_", "-"), type=int, default=None, help=f"default {getattr(d, name)}")
+    ap.add_argument("--ff-mult", type=float, default=None, help=f"default {d.ff_mult}")
+    ap.add_argument("--dropout", type=float, default=d.dropout)
+    ap.add_argument("--template", default=d.template, help="inference prompt; '*' = placeholder, {text} = modification")
+    ap.add_argument("--epochs", type=int, default=t.epochs)
+    ap.add_argument("--batch-size", type=int, default=t.batch_size)
+    ap.add_argument("--lr", type=float, default=t.lr)
+    ap.add_argument("--weight-decay", type=float, default=t.weight_decay)
+    ap.add_argument("--warmup-steps", type=int, default=t.warmup_steps)
+    ap.add_argument("--seed", type=int, default=t.seed)
+    ap.add_argument("--no-amp", action="store_true")
+    ap.add_argument("--eval-cir", default="test", help="also evaluate on this split of the offline 'cir' set ('' = no)")
+    ap.add_argument("--eval-only", action="store_true", help="evaluate the checkpoint at --out/--name, no training")
+    ap.add_argument("--report", default=None, help="write history + held-out numbers to this JSON file")
+    ap.add_argument("--quiet", action="store_true")
+    return ap
+
+
+def _mapper_config(args, backbone) -> ContextI2WConfig:
+    over = dict(SMALL_CONFIG) if args.small else {}
+    for name in ("depth", "heads", "dim_head", "num_latents", "middle_dim", "n_layer", "ff_mult"):
+        v = getattr(args, name)
+        if v is not None:
+            over[name] = v
+    return ContextI2WConfig.for_backbone(backbone, dropout=args.dropout, template=args.template, **over)
+
+
+def cir_queries(split: str) -> Dict[str, Tuple[List[dict], List[str]]]:
+    """The offline ``cir`` set's split as {gallery name: (triplets, gallery image paths)}."""
+    from ..data import formats
+
+    groups: Dict[str, Tuple[List[dict], List[str]]] = {}
+    for r in formats.load_split("cir", split):
+        ts = r.get("targets", r.get("target"))
+        ts = ts if isinstance(ts, list) else [ts]
+        trip = {"reference": str(formats.image_path("cir", r["reference"])), "text": r.get("text", ""),
+                "targets": [str(formats.image_path("cir", x)) for x in ts]}
+        groups.setdefault(r.get("gallery", "all"), ([], []))[0].append(trip)
+    try:
+        gallery = formats.load_split("cir", f"{split}_gallery")
+    except InputError:
+        gallery = []
+    for g in gallery:
+        name = g.get("gallery", "all")
+        if name in groups:
+            groups[name][1].append(str(formats.image_path("cir", g["image"])))
+    return groups
+
+
+def evaluate_cir(backbone, mapper: ContextI2WMapper, split: str = "test", progress: bool = True) -> Dict[str, dict]:
+    """Composed retrieval on the offline ``cir`` split, per gallery and pooled (query-weighted)."""
+    out: Dict[str, dict] = {}
+    total = 0
+    pooled: Dict[str, Dict[str, float]] = {}
+    for name, (trip, gallery) in sorted(cir_queries(split).items()):
+        res = evaluate_context_i2w(backbone, mapper, trip, gallery or None, progress=progress)
+        out[name] = {"n": len(trip), "gallery": len(gallery), "recall": res}
+        total += len(trip)
+        for method, rec in res.items():
+            for k, v in rec.items():
+                pooled.setdefault(method, {}).setdefault(k, 0.0)
+                pooled[method][k] += v * len(trip)
+    out["all"] = {"n": total, "recall": {m: {k: v / max(total, 1) for k, v in r.items()} for m, r in pooled.items()}}
+    return out
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    from ..backbones.factory import create_backbone
+    from ..config import Settings
+
+    args = _parser().parse_args(argv)
+    progress = not args.quiet
+    backbone = create_backbone(args.backbone, args.device)
+    out_dir = Path(args.out or Settings().checkpoints)
+    name = args.name or checkpoint_name(backbone.name)
+    out = out_dir / name
+    run_dir = Path(args.run_dir) if args.run_dir else _cache_root() / "runs" / Path(name).stem
+    record: Dict[str, object] = {"command": "python -m engine train context-i2w " + " ".join(argv or sys.argv[1:]),
+                                 "backbone": backbone.name, "data": args.data}
+
+    if args.eval_only:
+        from ..compose.context_i2w import load_checkpoint
+
+        mapper, _ = load_checkpoint(out, backbone.fingerprint)
+        args.epochs = 0
+    elif args.checkpoint:
+        mapper, info = load_authors_checkpoint(args.checkpoint, backbone, template=args.template)
+        record["init"] = info["file"]
+    else:
+        torch.manual_seed(args.seed)
+        mapper = ContextI2WMapper(_mapper_config(args, backbone))
+    print(f"Context-I2W mapper: {count_parameters(mapper):,} parameters on {backbone.name}", file=sys.stderr)
+
+    val: List[Pair] = []
+    if args.eval_only:
+        if args.data == "captions" and args.val_split:
+            val = load_pairs("captions", args.val_split)
+        elif args.data != "captions" and args.val_fraction > 0:
+            val = split_pairs(load_pairs(args.data, args.split, args.image_root), args.val_fraction, args.seed)[1]
+    elif args.epochs > 0 or not args.checkpoint:
+        train = load_pairs(args.data, args.split, args.image_root)
+        if args.data == "captions":
+            val = load_pairs("captions", args.val_split) if args.val_split else []
+        elif args.val_fraction > 0:
+            train, val = split_pairs(train, args.val_fraction, args.seed)
+        if args.max_pairs:
+            random.Random(args.seed).shuffle(train)
+            train = train[: args.max_pairs]
+        feats = prepare_features(backbone, train, progress=progress)
+        record.update(train_pairs=len(feats), skipped_no_subject=feats.skipped_no_subject,
+                      train_images_sha256=hashlib.sha256("\n".join(sorted(feats.paths)).encode()).hexdigest())
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "train_images.txt").write_text("\n".join(feats.paths) + "\n", encoding="utf-8")
+        print(f"training pairs: {len(feats)} (skipped, no subject: {feats.skipped_no_subject})", file=sys.stderr)
+        cfg = TrainConfig(args.epochs, args.batch_size, args.lr, args.weight_decay, args.warmup_steps, args.seed,
+                          amp=not args.no_amp)
+        record["train_config"] = asdict(cfg)
+        history = train_mapper(backbone, mapper, feats, cfg, out=out, run_dir=run_dir, resume=args.resume,
+                               progress=progress, half=args.half, extra=record)
+        record["history"] = history
+    results: Dict[str, object] = {}
+    if val:
+        vfeats = prepare_features(backbone, val, progress=progress)
+        results["pairs"] = {"split": args.val_split or "held-out", "n": len(vfeats),
+                            "recall": evaluate_pairs(backbone, mapper, vfeats)}
+    if args.eval_cir:
+        try:
+            results["cir"] = {"split": args.eval_cir, **evaluate_cir(backbone, mapper, args.eval_cir, progress)}
+        except InputError as exc:
+            results["cir"] = {"error": str(exc)}
+    record["held_out"] = results
+    if not args.eval_only:
+        save_checkpoint(out, mapper, backbone, {"training": record}, half=args.half)
+    print(json.dumps({"checkpoint": str(out), "held_out": results}, indent=2, default=str))
+    if args.report:
+        Path(args.report).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.report).write_text(json.dumps(record, indent=2, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
