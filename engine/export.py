@@ -19,7 +19,6 @@ from __future__ import annotations
 import io
 import json
 import math
-import os
 import tempfile
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
@@ -28,25 +27,13 @@ from PIL import Image, ImageDraw, ImageFont, ImageOps
 from PIL.PngImagePlugin import PngInfo
 
 from .errors import InputError
+from .fileio import atomic_write_bytes as _atomic_write
 
 MARGIN, GAP, TITLE_H, SECTION_H, LABEL_H = 16, 12, 28, 22, 50
 BACKGROUND, INK, MUTED = (255, 255, 255), (20, 20, 20), (90, 90, 90)
 
 
 # -- atomic writes -----------------------------------------------------------------------
-def _atomic_write(path: Union[str, Path], data: bytes) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    return path
 
 
 def export_json(data: dict, path: Union[str, Path]) -> Path:

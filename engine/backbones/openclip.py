@@ -41,7 +41,6 @@ def hub_reachable(timeout: float = 2.0) -> bool:
 
 def pretrained_cached(arch: str, tag: str) -> bool:
     """True when the weights for (arch, tag) are already in the local hub cache."""
-    import open_clip
     from open_clip.pretrained import get_pretrained_cfg
 
     cfg = get_pretrained_cfg(arch, tag)
@@ -51,8 +50,7 @@ def pretrained_cached(arch: str, tag: str) -> bool:
     if hub_id:
         from huggingface_hub import try_to_load_from_cache
 
-        repo, _, filename = hub_id.rstrip("/").partition("/")[0], None, None
-        parts = cfg["hf_hub"].strip("/").split("/")
+        parts = hub_id.strip("/").split("/")
         repo = "/".join(parts[:2])
         for fname in ("open_clip_model.safetensors", "open_clip_pytorch_model.bin"):
             hit = try_to_load_from_cache(repo, fname)

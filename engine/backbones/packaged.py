@@ -118,12 +118,9 @@ class PackagedBackbone(Backbone):
         prompts = [CLASS_PROMPT.format(n) for n in self.class_names]
         embs = torch.cat([self.encode_texts(prompts[i : i + 250]).embeddings for i in range(0, 1000, 250)])
         path.parent.mkdir(parents=True, exist_ok=True)
-        from ..index.store import atomic_write_bytes
-        import io
+        from ..fileio import atomic_save_npy
 
-        buf = io.BytesIO()
-        np.save(buf, embs.cpu().numpy().astype(np.float32), allow_pickle=False)
-        atomic_write_bytes(path, buf.getvalue())
+        atomic_save_npy(path, embs.cpu().numpy().astype(np.float32))
         return embs
 
     # -- images ------------------------------------------------------------------------

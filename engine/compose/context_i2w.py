@@ -44,6 +44,7 @@ import torch.nn.functional as F
 
 from ..errors import CheckpointError, InputError
 from .base import COMPOSERS, Composer, ComposerUnavailable, Composition, Query, normalise
+from ..fileio import atomic_write_text as _atomic_write_text
 
 CHECKPOINT_GLOB = "context_i2w*.safetensors"
 FORMAT_VERSION = 1
@@ -264,10 +265,6 @@ def checkpoint_name(backbone_name: str) -> str:
     return f"context_i2w-{slug}.safetensors"
 
 
-def _atomic_write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
 
 
 def save_checkpoint(path: os.PathLike, mapper: ContextI2WMapper, backbone, extra: Optional[dict] = None,

@@ -21,13 +21,12 @@ Writers are atomic (temporary file, then ``os.replace``).
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 from typing import Iterable, Optional
 
 from ..config import cache_dir
 from ..errors import InputError
+from ..fileio import atomic_write_json, atomic_write_text
 
 FORMAT_VERSION = 2
 DATASET_NAMES = ("cir", "captions", "labelled", "multilabel")
@@ -65,36 +64,14 @@ def image_path(name: str, rel: str) -> Path:
 
 def write_json(path: Path, obj) -> None:
     """Atomically write ``obj`` as pretty JSON."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".json")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(obj, f, indent=2, sort_keys=True, ensure_ascii=False)
-            f.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    atomic_write_json(path, obj, indent=2, sort_keys=True, ensure_ascii=False)
 
 
 def write_jsonl(path: Path, records: Iterable[dict]) -> int:
     """Atomically write records as JSON lines; returns how many were written."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".jsonl")
-    n = 0
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            for rec in records:
-                f.write(json.dumps(rec, sort_keys=True, ensure_ascii=False))
-                f.write("\n")
-                n += 1
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    return n
+    lines = [json.dumps(rec, sort_keys=True, ensure_ascii=False) + "\n" for rec in records]
+    atomic_write_text(path, "".join(lines))
+    return len(lines)
 
 
 def read_jsonl(path: Path) -> list[dict]:

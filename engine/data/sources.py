@@ -24,7 +24,6 @@ import re
 import struct
 import subprocess
 import sys
-import tempfile
 import zipfile
 import zlib
 from dataclasses import dataclass, field
@@ -33,6 +32,7 @@ from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 from ..config import cache_dir
 from ..errors import EngineError, InputError
+from ..fileio import atomic_write_bytes as _atomic_write
 
 TUXPAINT_PACKAGE = "tuxpaint-stamps-default"
 # Debian install locations; CIS_TUXPAINT_STAMPS / CIS_GCOMPRIS_RCC point elsewhere.
@@ -114,17 +114,6 @@ def _require_dir(path: Path, package: str) -> Path:
     return Path(path)
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 # --------------------------------------------------------------------------------------

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import json
 import time
 from pathlib import Path
 from typing import Dict, List, Optional
@@ -92,7 +91,6 @@ def evaluate_cir(backbone, settings: Settings, split: str = "test", nqe: int = 8
                  ics_rerank: int = 64):
     """Recall@K of every available composer, with and without each expander."""
     from ..compose import COMPOSERS, ComposerUnavailable, Query
-    from ..data.features import embed_texts
     from ..data.formats import image_path
     from ..expand import EXPANDERS, ExpanderUnavailable
 
@@ -281,7 +279,7 @@ def main(argv=None) -> int:
     parts.append("Hashing (mAP of ICS against LSH, ITQ-style PCA hashing and float embeddings at 16/32/64 bits) "
                  "is measured by `python -m engine bench --only ics`; see docs/ics.md.")
     parts.append(f"_Total time: {(time.time() - t0) / 60:.1f} min on this machine._")
-    from ..index.store import atomic_write_text
+    from ..fileio import atomic_write_text
 
     out.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out, "\n\n".join(parts) + "\n")

@@ -3,10 +3,8 @@ from __future__ import annotations
 
 import datetime as _dt
 import hashlib
-import json
 import os
 import subprocess
-import tempfile
 from pathlib import Path
 from typing import Any, Dict, Iterable, Optional, Union
 
@@ -93,20 +91,10 @@ def _jsonable(value: Any) -> Any:
 
 
 def atomic_write_json(path: Union[str, os.PathLike], data: Any) -> Path:
-    """Write JSON to a temporary file in the same folder, then os.replace it into place."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=str(path.parent))
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(_jsonable(data), f, indent=2, sort_keys=False, allow_nan=False)
-            f.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    return path
+    """Write JSON atomically (no NaN: strict JSON for other tools)."""
+    from ..fileio import atomic_write_json as write
+
+    return write(path, _jsonable(data), indent=2, sort_keys=False, allow_nan=False)
 
 
 def write_run_record(

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
@@ -31,6 +30,7 @@ from torch import nn
 from ..errors import CheckpointError, InputError
 from .base import EXPANDERS, Expander, ExpanderUnavailable, Expansion
 from .baselines import check_inputs
+from ..fileio import atomic_write_bytes as _atomic_write_bytes
 
 
 @dataclass
@@ -133,13 +133,6 @@ def expand_numpy(model: LAttQEModel, query: np.ndarray, neighbours: np.ndarray, 
 
 # -- checkpoints -----------------------------------------------------------------------------
 
-def _atomic_write_bytes(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def save_lattqe(model: LAttQEModel, path: Path, fingerprint: str, extra: Optional[Dict[str, Any]] = None) -> Path:

@@ -46,7 +46,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import List, Optional, Sequence, Tuple
@@ -57,6 +56,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from ..errors import CheckpointError, InputError
+from ..fileio import atomic_write_bytes as _atomic_write
 
 SUPPORTED_BITS = (16, 32, 64, 128)
 
@@ -477,13 +477,6 @@ def checkpoint_path(checkpoint_dir, bits: int) -> Path:
     return Path(checkpoint_dir) / f"ics-{int(bits)}.safetensors"
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def save_ics(model: ICSModel, path, fingerprint: str, extra: Optional[dict] = None) -> Path:

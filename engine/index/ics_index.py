@@ -17,7 +17,6 @@ on one core) up to ``FLAT_MAX`` items, ``IndexBinaryHNSW`` above (option ``binar
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Optional
 
@@ -26,6 +25,8 @@ import numpy as np
 from ..errors import CheckpointError, IndexLoadError, InputError
 from .ics import SUPPORTED_BITS, Hasher, LSHHasher, checkpoint_path, load_ics
 from .vectors import VECTOR_INDEXES, VectorIndex
+from ..fileio import atomic_save_npy as _atomic_save_npy
+from ..fileio import atomic_write_text as _atomic_write_text
 
 FLAT_MAX = 2_000_000  # above this many items "auto" uses a HNSW graph over the binary codes
 DEFAULT_RERANK = 1000
@@ -39,19 +40,8 @@ def _faiss():
     return faiss
 
 
-def _atomic_save_npy(path: Path, array: np.ndarray) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "wb") as f:
-        np.save(f, array, allow_pickle=False)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
-def _atomic_write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 class CompactBinaryIndex(VectorIndex):

@@ -20,7 +20,8 @@ from torch.utils.data import DataLoader, Dataset
 
 from ..errors import InputError
 from ..images import load_image, sha256_file
-from .store import GalleryIndex, atomic_write_bytes
+from ..fileio import atomic_write_bytes
+from .store import GalleryIndex
 from .walk import find_images, load_captions
 
 log = logging.getLogger(__name__)

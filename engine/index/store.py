@@ -24,22 +24,9 @@ import numpy as np
 
 from ..errors import IndexLoadError
 from .vectors import VectorIndex, create_vector_index
+from ..fileio import atomic_write_text
 
 FORMAT_VERSION = 1
-
-
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    atomic_write_bytes(path, text.encode("utf-8"))
 
 
 @dataclass
