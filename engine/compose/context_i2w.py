@@ -45,6 +45,7 @@ import torch.nn.functional as F
 from ..errors import CheckpointError, InputError
 from .base import COMPOSERS, Composer, ComposerUnavailable, Composition, Query, normalise
 from ..fileio import atomic_write_text as _atomic_write_text
+from ..checkpoints import require_backbone
 
 CHECKPOINT_GLOB = "context_i2w*.safetensors"
 FORMAT_VERSION = 1
@@ -323,10 +324,7 @@ def load_checkpoint(path: os.PathLike, fingerprint: Optional[str] = None) -> Tup
 
     path = Path(path)
     record = read_checkpoint_record(path)
-    if fingerprint is not None and record.get("backbone_fingerprint") != fingerprint:
-        raise CheckpointError(
-            f"{path.name} was trained for backbone {record.get('backbone_fingerprint')!r}, "
-            f"not the live backbone {fingerprint!r}")
+    require_backbone(path, record.get("backbone_fingerprint"), fingerprint, "python -m engine train context-i2w")
     try:
         mapper = ContextI2WMapper(ContextI2WConfig.from_dict(record["config"]))
         mapper.load_state_dict({k: v.float() for k, v in load_file(str(path)).items()})

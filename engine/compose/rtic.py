@@ -36,6 +36,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..errors import CheckpointError
+from ..checkpoints import require_backbone
 from .base import COMPOSERS, Composer, ComposerUnavailable, Composition, Query, normalise
 
 CHECKPOINT_GLOB = "rtic*.safetensors"
@@ -227,11 +228,7 @@ def load_checkpoint(path: os.PathLike, fingerprint: Optional[str] = None) -> Tup
 
     path = Path(path)
     record = read_checkpoint_record(path)
-    if fingerprint is not None and record.get("backbone_fingerprint") != fingerprint:
-        raise CheckpointError(
-            f"{path.name} was trained for backbone {record.get('backbone_fingerprint')!r}, "
-            f"not the live backbone {fingerprint!r}"
-        )
+    require_backbone(path, record.get("backbone_fingerprint"), fingerprint, "python -m engine train rtic --data cir")
     model = RTIC(RTICConfig.from_dict(record["config"]))
     try:
         model.load_state_dict(load_file(str(path)))

@@ -35,6 +35,7 @@ import numpy as np
 from PIL import Image
 
 from ..errors import EngineError, InputError
+from ..fileio import atomic_write_bytes
 from . import fashion_mnist, recolour, twemoji
 from .formats import (
     DATASET_NAMES, FORMAT_VERSION, IMAGES_DIRNAME, MANIFEST, dataset_dir, datasets_root, write_json,
@@ -297,20 +298,12 @@ def prepare_image(data: bytes, name: str) -> Image.Image:
 def save_image(img: Image.Image, path_stem: Path) -> Path:
     """PNG for images with alpha (lossless, keeps the cut-out), JPEG q90 otherwise; atomic."""
     path = path_stem.with_suffix(".png" if img.mode == "RGBA" else ".jpg")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=path.suffix)
-    os.close(fd)
-    try:
-        if img.mode == "RGBA":
-            img.save(tmp, format="PNG", optimize=False)
-        else:
-            img.save(tmp, format="JPEG", quality=90)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    return path
+    buf = io.BytesIO()
+    if img.mode == "RGBA":
+        img.save(buf, format="PNG", optimize=False)
+    else:
+        img.save(buf, format="JPEG", quality=90)
+    return atomic_write_bytes(path, buf.getvalue())
 
 
 SOURCE_SHORT = {"tuxpaint-stamps-default": "tux", "gcompris-qt-data": "gcompris", "saleor": "saleor",

@@ -30,6 +30,7 @@ from torch import nn
 from ..errors import CheckpointError, InputError
 from .base import EXPANDERS, Expander, ExpanderUnavailable, Expansion
 from .baselines import check_inputs
+from ..checkpoints import require_backbone
 from ..fileio import atomic_write_bytes as _atomic_write_bytes
 
 
@@ -174,11 +175,7 @@ def load_lattqe(path: Path, fingerprint: Optional[str] = None, device: str = "cp
     path = Path(path)
     wpath, jpath = path.with_suffix(".safetensors"), path.with_suffix(".json")
     record = read_record(jpath)
-    if fingerprint is not None and record.get("fingerprint") != fingerprint:
-        raise CheckpointError(
-            f"{jpath.name} was trained for backbone {record.get('fingerprint')!r}, "
-            f"not for the current backbone {fingerprint!r}"
-        )
+    require_backbone(jpath, record.get("fingerprint"), fingerprint, "python -m engine train lattqe")
     try:
         config = LAttQEConfig.from_dict(record["config"])
         model = LAttQEModel(config)

@@ -56,6 +56,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from ..errors import CheckpointError, InputError
+from ..checkpoints import require_backbone
 from ..fileio import atomic_write_bytes as _atomic_write
 
 SUPPORTED_BITS = (16, 32, 64, 128)
@@ -522,11 +523,7 @@ def load_ics(path, fingerprint: Optional[str] = None, dim: Optional[int] = None)
     except Exception as exc:  # damaged, truncated or foreign file
         raise CheckpointError(f"{path.name}: unreadable ICS checkpoint ({exc})") from None
     stored_fp = meta.get("fingerprint", "")
-    if fingerprint is not None and stored_fp != fingerprint:
-        raise CheckpointError(
-            f"{path.name} was trained for backbone {stored_fp!r}, not for the current backbone {fingerprint!r}; "
-            f"retrain it with `python -m engine train ics --bits {config.bits}`"
-        )
+    require_backbone(path, stored_fp, fingerprint, f"python -m engine train ics --bits {config.bits}")
     if dim is not None and int(config.dim) != int(dim):
         raise CheckpointError(f"{path.name} expects {config.dim}-d embeddings, the index has {dim}-d")
     try:
