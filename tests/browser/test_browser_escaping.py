@@ -127,7 +127,8 @@ def test_hostile_zip_names_in_messages_stay_text(hostile_app, open_page, shot, t
     evil = tmp_path / "evil.zip"
     with zipfile.ZipFile(evil, "w") as z:
         z.writestr("/" + PAYLOADS[1] + ".jpg", b"x")
-    page.locator("#own-upload button[aria-label='Clear']").first.click()
+    page = open_page(url, "desktop")  # a fresh page: the first archive's file box is not reused
+    page.click("button[role=tab][data-tab-id=own]")
     _upload_zip(page, evil)
     page.click("#own-index")
     page.wait_for_selector("[data-testid=toast-body]")
