@@ -45,7 +45,7 @@ import torch.nn.functional as F
 from ..errors import CheckpointError, InputError
 from .base import COMPOSERS, Composer, ComposerUnavailable, Composition, Query, normalise
 from ..fileio import atomic_write_text as _atomic_write_text
-from ..checkpoints import require_backbone
+from ..checkpoints import read_safetensors_record, require_backbone
 
 CHECKPOINT_GLOB = "context_i2w*.safetensors"
 FORMAT_VERSION = 1
@@ -302,20 +302,7 @@ def save_checkpoint(path: os.PathLike, mapper: ContextI2WMapper, backbone, extra
 
 def read_checkpoint_record(path: os.PathLike) -> dict:
     """The metadata record of a checkpoint without loading its tensors."""
-    from safetensors import safe_open
-
-    path = Path(path)
-    if not path.is_file():
-        raise CheckpointError(f"Context-I2W checkpoint not found: {path.name}")
-    try:
-        with safe_open(str(path), framework="pt") as f:
-            meta = f.metadata() or {}
-        record = json.loads(meta[META_KEY])
-    except Exception as exc:  # damaged file, not safetensors, no metadata
-        raise CheckpointError(f"{path.name} is not a valid Context-I2W checkpoint ({exc.__class__.__name__})") from None
-    if record.get("kind") != META_KEY or "config" not in record:
-        raise CheckpointError(f"{path.name} is not a Context-I2W checkpoint")
-    return record
+    return read_safetensors_record(path, META_KEY, "Context-I2W")
 
 
 def load_checkpoint(path: os.PathLike, fingerprint: Optional[str] = None) -> Tuple[ContextI2WMapper, dict]:

@@ -36,7 +36,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..errors import CheckpointError
-from ..checkpoints import require_backbone
+from ..checkpoints import read_safetensors_record, require_backbone
 from .base import COMPOSERS, Composer, ComposerUnavailable, Composition, Query, normalise
 
 CHECKPOINT_GLOB = "rtic*.safetensors"
@@ -206,20 +206,7 @@ def save_checkpoint(
 
 def read_checkpoint_record(path: os.PathLike) -> dict:
     """The metadata record of a checkpoint without loading its tensors."""
-    from safetensors import safe_open
-
-    path = Path(path)
-    try:
-        with safe_open(str(path), framework="pt") as f:
-            meta = f.metadata() or {}
-        record = json.loads(meta["rtic"])
-    except FileNotFoundError:
-        raise CheckpointError(f"RTIC checkpoint not found: {path.name}") from None
-    except Exception as exc:  # damaged file, not a safetensors file, missing metadata
-        raise CheckpointError(f"{path.name} is not a valid RTIC checkpoint ({exc.__class__.__name__})") from None
-    if record.get("kind") != "rtic" or "config" not in record:
-        raise CheckpointError(f"{path.name} is not an RTIC checkpoint")
-    return record
+    return read_safetensors_record(path, "rtic", "RTIC")
 
 
 def load_checkpoint(path: os.PathLike, fingerprint: Optional[str] = None) -> Tuple[RTIC, dict]:
