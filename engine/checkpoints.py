@@ -37,3 +37,20 @@ def read_safetensors_record(path: os.PathLike, key: str, label: str) -> dict:
     if not isinstance(record, dict) or record.get("kind") != key or "config" not in record:
         raise CheckpointError(f"{path.name} is not a {label} checkpoint")
     return record
+
+
+def find_checkpoints(checkpoint_dir: os.PathLike, pattern: str, read_record, fingerprint: str):
+    """[(path, record)] for the readable checkpoints matching ``pattern`` in ``checkpoint_dir`` whose
+    record says they were trained for backbone ``fingerprint``; unreadable files are passed over."""
+    directory = Path(checkpoint_dir)
+    found = []
+    if not directory.is_dir():
+        return found
+    for path in sorted(directory.glob(pattern)):
+        try:
+            record = read_record(path)
+        except CheckpointError:
+            continue
+        if record.get("backbone_fingerprint") == fingerprint:
+            found.append((path, record))
+    return found

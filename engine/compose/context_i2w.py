@@ -45,6 +45,7 @@ import torch.nn.functional as F
 from ..errors import CheckpointError, InputError
 from .base import COMPOSERS, Composer, ComposerUnavailable, Composition, Query, normalise
 from ..fileio import atomic_write_text as _atomic_write_text
+from ..checkpoints import find_checkpoints as _find_checkpoints
 from ..checkpoints import read_safetensors_record, require_backbone
 
 CHECKPOINT_GLOB = "context_i2w*.safetensors"
@@ -323,18 +324,7 @@ def load_checkpoint(path: os.PathLike, fingerprint: Optional[str] = None) -> Tup
 
 def find_checkpoints(checkpoint_dir: os.PathLike, fingerprint: str) -> List[Tuple[Path, dict]]:
     """Readable Context-I2W checkpoints in ``checkpoint_dir`` trained for ``fingerprint``."""
-    directory = Path(checkpoint_dir)
-    found = []
-    if not directory.is_dir():
-        return found
-    for path in sorted(directory.glob(CHECKPOINT_GLOB)):
-        try:
-            record = read_checkpoint_record(path)
-        except CheckpointError:
-            continue
-        if record.get("backbone_fingerprint") == fingerprint:
-            found.append((path, record))
-    return found
+    return _find_checkpoints(checkpoint_dir, CHECKPOINT_GLOB, read_checkpoint_record, fingerprint)
 
 
 # -- the authors' checkpoint (IM2TEXT_OWM_Attn) -----------------------------------------------------------

@@ -36,6 +36,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..errors import CheckpointError
+from ..checkpoints import find_checkpoints as _find_checkpoints
 from ..checkpoints import read_safetensors_record, require_backbone
 from .base import COMPOSERS, Composer, ComposerUnavailable, Composition, Query, normalise
 
@@ -227,18 +228,7 @@ def load_checkpoint(path: os.PathLike, fingerprint: Optional[str] = None) -> Tup
 
 def find_checkpoints(checkpoint_dir: os.PathLike, fingerprint: str) -> List[Tuple[Path, dict]]:
     """All readable RTIC checkpoints in ``checkpoint_dir`` trained for ``fingerprint``."""
-    found = []
-    directory = Path(checkpoint_dir)
-    if not directory.is_dir():
-        return found
-    for path in sorted(directory.glob(CHECKPOINT_GLOB)):
-        try:
-            record = read_checkpoint_record(path)
-        except CheckpointError:
-            continue
-        if record.get("backbone_fingerprint") == fingerprint:
-            found.append((path, record))
-    return found
+    return _find_checkpoints(checkpoint_dir, CHECKPOINT_GLOB, read_checkpoint_record, fingerprint)
 
 
 def checkpoint_name(backbone_name: str, variant: str = "rtic") -> str:

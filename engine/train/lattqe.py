@@ -246,6 +246,13 @@ def plot_curves(result: Dict, path, title: str = "mAP vs nQE (held-out classes)"
     ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, ncol=2)
+    return _save_figure(fig, path)
+
+
+def _save_figure(fig, path: Path) -> Path:
+    """Write a matplotlib figure atomically (temporary file, then rename) and close it."""
+    import matplotlib.pyplot as plt
+
     fig.tight_layout()
     tmp = path.with_name(path.stem + ".tmp.png")
     fig.savefig(tmp, dpi=110)
@@ -282,12 +289,7 @@ def plot_history(history: List[Dict], path) -> Path:
     b.legend(fontsize=8)
     for ax in (a, b):
         ax.grid(alpha=0.3)
-    fig.tight_layout()
-    tmp = path.with_name(path.stem + ".tmp.png")
-    fig.savefig(tmp, dpi=110)
-    plt.close(fig)
-    os.replace(tmp, path)
-    return path
+    return _save_figure(fig, path)
 
 
 # ============================================================================ training
