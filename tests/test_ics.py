@@ -10,7 +10,8 @@ import torch
 
 from engine.errors import CheckpointError, IndexLoadError, InputError
 from engine.index.ics import (ICSConfig, ITQHasher, LSHHasher, code_distance, hadamard, hamming_distances,
-                              hash_centres, labels_to_matrix, load_ics, map_at_n, neg_log_likelihood, pack_bits,
+                              hash_centres, labels_to_matrix, load_ics, map_at_n, neg_log_likelihood, neighbour_loss,
+                              pack_bits,
                               pgd_weights, project_simplex, save_ics, train_ics, unpack_signs, weight_objective)
 from engine.index.ics_index import CompactBinaryIndex, LSHIndex, make_ics_index
 from engine.index.vectors import VECTOR_INDEXES, create_vector_index
@@ -195,9 +196,11 @@ def _digits_multilabel():
 
 
 def test_training_beats_lsh_on_held_out_real_data():
+    """The paper's objective (no neighbour term) lowers its loss and beats LSH codes on mAP."""
     x, labels, digit = _digits_multilabel()
     tr, q, db = slice(0, 1000), slice(1000, 1300), slice(1300, None)
-    model = train_ics(x[tr], labels[tr], ICSConfig(bits=32, hidden=256, epochs=10), progress=False)
+    model = train_ics(x[tr], labels[tr], ICSConfig(bits=32, hidden=256, epochs=10, neighbour_weight=0.0),
+                      progress=False)
     hist = model.record["history"]
     assert hist[-1]["central"] < hist[0]["central"] - 0.1  # training lowers the loss
     ics = map_at_n(labels[q], labels[db], 100, query_codes=model.encode(x[q]), db_codes=model.encode(x[db]),
@@ -208,11 +211,56 @@ def test_training_beats_lsh_on_held_out_real_data():
     assert ics > lsh + 0.03, (ics, lsh)
     # single-label view (c_i = 1): the digit alone, as integer ids
     one = labels_to_matrix([[int(v)] for v in digit])
-    model1 = train_ics(x[tr], digit[tr], ICSConfig(bits=16, hidden=256, epochs=10), progress=False)
+    model1 = train_ics(x[tr], digit[tr], ICSConfig(bits=16, hidden=256, epochs=10, neighbour_weight=0.0),
+                       progress=False)
     ics1 = map_at_n(one[q], one[db], 100, query_codes=model1.encode(x[q]), db_codes=model1.encode(x[db]), bits=16)
     lsh1_h = LSHHasher(x.shape[1], 16, seed=0)
     lsh1 = map_at_n(one[q], one[db], 100, query_codes=lsh1_h.encode(x[q]), db_codes=lsh1_h.encode(x[db]), bits=16)
     assert ics1 > lsh1 + 0.1, (ics1, lsh1)
+
+
+def test_neighbour_loss_is_zero_when_code_ranking_matches_and_has_gradients():
+    torch.manual_seed(0)
+    h = torch.tanh(torch.randn(12, 16)).requires_grad_(True)
+    sims = (h @ h.T / 16).detach()
+    shift = torch.randn(12, 1)  # a constant per anchor row does not change the softmax
+    assert neighbour_loss(sims + shift, h, tau=0.1).item() < 1e-6
+    other = torch.randn(12, 12)
+    loss = neighbour_loss(other, h, tau=0.1)
+    assert loss.item() > 0.05
+    loss.backward()
+    assert torch.isfinite(h.grad).all() and h.grad.abs().sum() > 0
+    # the diagonal (an item against itself) is ignored
+    sims_diag = sims.clone()
+    sims_diag.fill_diagonal_(100.0)
+    assert neighbour_loss(sims_diag, h, tau=0.1).item() < 1e-6
+    assert neighbour_loss(other[:1, :1], h[:1], tau=0.1).item() == 0.0
+
+
+def _recall_of_compact(model, x, queries, rerank):
+    idx = CompactBinaryIndex(x.shape[1], model, kind="t", rerank=rerank)
+    idx.build(x)
+    exact = np.argsort(-(queries @ x.T), axis=1)[:, :10]
+    ids = idx.search(queries, 10)[1]
+    return float(np.mean([len(set(a) & set(b)) / 10 for a, b in zip(ids, exact)]))
+
+
+def test_neighbour_term_keeps_float_neighbours_among_hamming_candidates():
+    """Pure central similarity collapses a class onto one code, so the Hamming top-R misses the exact float
+    neighbours; the neighbour term restores them and the codes still beat LSH on mAP."""
+    x, labels, digit = _digits_multilabel()
+    q, db = slice(1000, 1300), slice(1300, None)
+    cfg = dict(bits=32, hidden=256, epochs=40)
+    pure = train_ics(x[:1000], digit[:1000], ICSConfig(neighbour_weight=0.0, **cfg), progress=False)
+    both = train_ics(x[:1000], digit[:1000], ICSConfig(**cfg), progress=False)
+    assert both.record["history"][-1]["neighbour"] < 0.5 * both.record["history"][0]["neighbour"]
+    r_pure, r_both = _recall_of_compact(pure, x, x[q][:200], 100), _recall_of_compact(both, x, x[q][:200], 100)
+    assert r_both > r_pure + 0.15 and r_both > 0.9, (r_pure, r_both)
+    one = labels_to_matrix([[int(v)] for v in digit])
+    lsh = LSHHasher(x.shape[1], 32, seed=0)
+    m_lsh = map_at_n(one[q], one[db], 100, query_codes=lsh.encode(x[q]), db_codes=lsh.encode(x[db]), bits=32)
+    m_both = map_at_n(one[q], one[db], 100, query_codes=both.encode(x[q]), db_codes=both.encode(x[db]), bits=32)
+    assert m_both > m_lsh + 0.1, (m_both, m_lsh)
 
 
 def test_map_and_hamming_against_direct_computation():
@@ -247,19 +295,19 @@ def test_itq_rotation_lowers_quantisation_error():
 
 
 # -- checkpoints ---------------------------------------------------------------------------------
-def _small_model(dim=16, bits=16, locality=0, n=300, seed=0):
+def _small_model(dim=16, bits=16, n=300, seed=0):
     rng = np.random.default_rng(seed)
     y = rng.integers(0, 4, n)
     means = rng.normal(size=(4, dim))
     x = means[y] + 0.3 * rng.normal(size=(n, dim))
     x = (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)
-    cfg = ICSConfig(bits=bits, hidden=32, epochs=3, locality_bits=locality)
+    cfg = ICSConfig(bits=bits, hidden=32, epochs=3)
     return train_ics(x, y, cfg, progress=False), x
 
 
 def test_checkpoint_roundtrip_and_fingerprint_check(tmp_path):
-    model, x = _small_model(locality=16)
-    assert model.bits == 32 and model.encode(x).shape == (len(x), 4)
+    model, x = _small_model()
+    assert model.bits == 16 and model.encode(x).shape == (len(x), 2)
     path = save_ics(model, tmp_path / "ics-16", "bb@1")
     assert path.name == "ics-16.safetensors" and (tmp_path / "ics-16.json").is_file()
     record = json.loads((tmp_path / "ics-16.json").read_text())
@@ -328,14 +376,14 @@ def test_registered_ics_types_need_a_matching_checkpoint(tmp_path):
         assert f"ics-{bits}" in VECTOR_INDEXES
     with pytest.raises(CheckpointError, match="python -m engine train ics --bits 16"):
         create_vector_index("ics-16", 16, 10, checkpoint_dir=tmp_path, fingerprint="bb@1")
-    model, x = _small_model(dim=16, bits=16, locality=16)
+    model, x = _small_model(dim=16, bits=16)
     save_ics(model, tmp_path / "ics-16", "bb@1")
     with pytest.raises(CheckpointError, match="ics-16.safetensors"):
         create_vector_index("ics-16", 16, 10, checkpoint_dir=tmp_path, fingerprint="bb@2")
     vi = create_vector_index("ics-16", 16, len(x), checkpoint_dir=tmp_path, fingerprint="bb@1", rerank=50)
     assert isinstance(vi, CompactBinaryIndex) and vi.kind == "ics-16"
     vi.build(x)
-    assert vi.bytes_per_item() == 4.0 and vi.describe()["semantic_bits"] == 16
+    assert vi.bytes_per_item() == 2.0 and vi.describe()["bits"] == 16
     _, ids = vi.search(x[:5], 3)
     assert (ids[:, 0] == np.arange(5)).all()
     with pytest.raises(CheckpointError):
@@ -384,16 +432,33 @@ def test_train_cli_on_feature_file(tmp_path, capsys):
     y = rng.integers(0, 5, 400)
     x = rng.normal(size=(5, 24))[y] + 0.4 * rng.normal(size=(400, 24))
     np.savez(tmp_path / "f.npz", embeddings=x.astype(np.float32), labels=y, fingerprint="bb@9")
-    rc = main(["--features", str(tmp_path / "f.npz"), "--bits", "16", "--epochs", "4", "--hidden", "32",
-               "--locality-bits", "16", "--out", str(tmp_path / "ck"), "--quiet"])
+    rc = main(["--features", str(tmp_path / "f.npz"), "--bits", "16", "--epochs", "40", "--hidden", "32",
+               "--neighbour-weight", "0.5", "--out", str(tmp_path / "ck"), "--quiet"])
     assert rc == 0
     record = json.loads((tmp_path / "ck" / "ics-16.json").read_text())
-    assert record["fingerprint"] == "bb@9" and record["code_bits"] == 32
+    assert record["fingerprint"] == "bb@9" and record["bits"] == 16
     assert record["splits"] == {"train": 320, "query": 16, "db": 64}
     assert record["eval"]["map_ics"] > record["eval"]["map_lsh"]
+    assert record["eval"]["rerank"] == 20 and 0 < record["eval"]["recall10_ics"] <= 1  # 5% of 384 items
     printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert printed[0]["bits"] == 16
     model = load_ics(tmp_path / "ck" / "ics-16.safetensors", fingerprint="bb@9")
-    assert model.bits == 32
+    assert model.bits == 16 and model.config.neighbour_weight == 0.5
     with pytest.raises(InputError, match="--bits"):
         main(["--features", str(tmp_path / "f.npz"), "--bits", "12", "--out", str(tmp_path / "ck")])
+
+
+def test_bench_tables_on_small_data():
+    from engine.index.ics_bench import PAPER, map_table, million_table, recall_table, to_markdown
+
+    x, labels, digit = _digits_multilabel()
+    table, models = map_table("digits", x[:1000], labels[:1000], x[1000:1100], labels[1000:1100], x[1100:],
+                              labels[1100:], (16,), 50, epochs=2)
+    row = table["bits"][16]
+    assert set(row) >= {"ics", PAPER, "lsh", "itq"} and all(0 <= row[k] <= 1 for k in ("ics", PAPER, "lsh", "itq"))
+    rec = recall_table(x, x[:20], len(x), {"lsh-16": LSHHasher(x.shape[1], 16), "ics-16": models["ics", 16]})
+    assert all(r["recall@10"] == 1.0 for r in rec["rows"].values())  # R = everything: exact re-rank
+    mil = million_table(n=3000, dim=16, queries=5, rerank=3000, clusters=10, epochs=1)
+    assert mil["rows"]["ics-64"]["bytes"] == 8 and mil["rows"]["ics-64"]["recall@10"] == 1.0
+    md = to_markdown({"maps": [table], "recall": rec, "million": mil})
+    assert "| 16 |" in md and "ics-64" in md and "3,000 synthetic" in md

@@ -32,10 +32,19 @@ For image ``i`` with labels ``j in L_i`` (``c_i = |L_i|``):
 
       Q_i = (1/K) sum_k log cosh(|h_ik| - 1).
 
+* neighbour term (our addition for the product, weight ``mu``, default 1; 0 = the paper's objective):
+  central similarity pulls every image of a label onto the same code, so a class of thousands of
+  gallery images becomes one Hamming bucket and a candidate stage that must hold the exact float
+  nearest neighbours fails. Within each batch the term matches the code similarity ranking to the
+  embedding one, a KL divergence between two softmax neighbour distributions per anchor ``i``::
+
+      P_ij = softmax_j(s_ij / tau),  s_ij = cos(x_i - m, x_j - m)  (m = training mean)
+      Q_ij = softmax_j(h_i . h_j / (K tau)),  j != i,   N_i = KL(P_i || Q_i)
+
 Alternating optimisation (:func:`train_ics`): with ``f`` frozen every ``w_i`` is updated by projected
 gradient descent (step 0.1, Euclidean projection onto the simplex by the sort-based algorithm,
 :func:`project_simplex`, about 10 iterations, :func:`pgd_weights`); then ``f`` is trained for an epoch
-with ``w`` fixed on ``mean_i [sum_j w_ij l_ij] + gamma * mean_i Q_i``.
+with ``w`` fixed on ``mean_i [sum_j w_ij l_ij] + gamma * mean_i Q_i + mu * mean_i N_i``.
 
 The module also holds the comparison hashers (random-projection LSH, ITQ-style PCA hashing), the
 retrieval metrics (mAP@N under Hamming ranking, recall of Hamming + re-rank against exact search) and
@@ -237,14 +246,15 @@ class ICSConfig:
     beta: float = 0.5  # bandwidth of the likelihood (<= 1)
     lam: float = 2.0  # sharpness of the centre weights (regulariser strength 1/lam)
     gamma: float = 0.05  # quantisation loss weight
-    epochs: int = 30
+    epochs: int = 100
     batch_size: int = 256
     lr: float = 1e-3
     weight_decay: float = 1e-5
     pgd_steps: int = 10
     pgd_lr: float = 0.1
     seed: int = 0
-    locality_bits: int = 0  # extra ITQ bits appended to the code (see ICSModel); 0 = pure ICS codes
+    neighbour_weight: float = 1.0  # mu: weight of the neighbour-ranking term (0 = central similarity only)
+    neighbour_tau: float = 0.05  # temperature of both neighbour distributions
     centre_strategy: str = ""  # filled in by training
 
     @classmethod
@@ -259,10 +269,11 @@ class ICSConfig:
             raise InputError(f"beta must be in (0, 1], got {self.beta}")
         if self.lam <= 0:
             raise InputError(f"lambda must be positive, got {self.lam}")
-        if self.locality_bits < 0 or (self.bits + self.locality_bits) % 8:
-            raise InputError(f"bits + locality_bits must be a multiple of 8, got {self.bits} + {self.locality_bits}")
-        if self.locality_bits > self.dim:
-            raise InputError(f"locality_bits ({self.locality_bits}) cannot exceed the embedding size ({self.dim})")
+        if self.bits % 8:
+            raise InputError(f"the code length must be a multiple of 8 bits, got {self.bits}")
+        if self.neighbour_weight < 0 or self.neighbour_tau <= 0:
+            raise InputError(f"need neighbour_weight >= 0 and neighbour_tau > 0, got "
+                             f"{self.neighbour_weight}, {self.neighbour_tau}")
 
 
 class HashHead(nn.Module):
@@ -309,35 +320,18 @@ class Hasher:
 
 
 class ICSModel(Hasher):
-    """A trained hash head plus its centres and config.
-
-    The code of an item is the ``config.bits`` ICS bits, optionally followed by ``config.locality_bits``
-    ITQ bits fitted on the training embeddings (``locality``: projection (D, L) and offset (L,)). ICS
-    codes are semantic: all items near one centre share a code, so a Hamming top-R among thousands of
-    ties is arbitrary and misses float nearest neighbours; the locality bits order items inside a
-    semantic bucket by their geometry, which is what the compact index's candidate stage needs.
-    ``bits`` is the total code length.
-    """
+    """A trained hash head plus its centres and config; the code of an item is ``sign(f(x))``, K bits."""
 
     name = "ics"
 
     def __init__(self, config: ICSConfig, head: HashHead, centres: np.ndarray, fingerprint: str = "",
-                 record: Optional[dict] = None, locality: Optional[Tuple[np.ndarray, np.ndarray]] = None):
+                 record: Optional[dict] = None):
         self.config = config
         self.head = head.eval()
         self.centres = np.asarray(centres, dtype=np.float32)
         self.fingerprint = fingerprint
         self.record = record or {}
-        self.semantic_bits, self.dim = config.bits, config.dim
-        self.locality = None
-        if config.locality_bits:
-            if locality is None:
-                raise InputError("this ICS model needs its locality projection")
-            proj, off = (np.asarray(a, np.float32) for a in locality)
-            if proj.shape != (config.dim, config.locality_bits) or off.shape != (config.locality_bits,):
-                raise InputError(f"locality projection shape {proj.shape} does not match the config")
-            self.locality = (proj, off)
-        self.bits = config.bits + config.locality_bits
+        self.bits, self.dim = config.bits, config.dim
 
     @torch.no_grad()
     def outputs(self, vectors: np.ndarray, batch: int = 65536) -> np.ndarray:
@@ -351,20 +345,13 @@ class ICSModel(Hasher):
         return np.concatenate(out) if out else np.zeros((0, self.bits), np.float32)
 
     def encode(self, vectors: np.ndarray) -> np.ndarray:
-        positive = self.outputs(vectors) >= 0
-        if self.locality is not None:
-            proj, off = self.locality
-            positive = np.concatenate([positive, np.asarray(vectors, np.float32) @ proj - off >= 0], axis=1)
-        return pack_bits(positive)
+        return pack_bits(self.outputs(vectors) >= 0)
 
     def identity(self) -> str:
         h = hashlib.sha256()
         for k, v in sorted(self.head.state_dict().items()):
             h.update(k.encode())
             h.update(v.detach().cpu().contiguous().numpy().tobytes())
-        if self.locality is not None:
-            h.update(self.locality[0].tobytes())
-            h.update(self.locality[1].tobytes())
         return "ics-" + h.hexdigest()[:16]
 
 
@@ -396,13 +383,25 @@ def _check_training_arrays(embeddings: np.ndarray, labels: np.ndarray) -> Tuple[
     return x[keep], y[keep]
 
 
-def relaxed_losses(head: HashHead, x: torch.Tensor, centres: torch.Tensor, cfg: ICSConfig
-                   ) -> Tuple[torch.Tensor, torch.Tensor]:
-    """(B, M) per-centre losses ``l_ij = -log p(d_ij)`` and (B,) quantisation losses for a batch."""
-    h = torch.tanh(head(x))
+def relaxed_losses(h: torch.Tensor, centres: torch.Tensor, cfg: ICSConfig) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(B, M) per-centre losses ``l_ij = -log p(d_ij)`` and (B,) quantisation losses of relaxed codes ``h``."""
     ell = neg_log_likelihood(code_distance(h, centres), cfg.beta)
     quant = torch.log(torch.cosh(h.abs() - 1)).mean(1)
     return ell, quant
+
+
+def neighbour_loss(targets: torch.Tensor, h: torch.Tensor, tau: float) -> torch.Tensor:
+    """Mean over anchors of ``KL(P_i || Q_i)``: ``P_i`` = softmax over the other batch items of the
+    target similarities ``targets`` (B, B) / tau, ``Q_i`` = the same of the relaxed code similarities
+    ``h_i . h_j / K``. Zero when the two similarity rows agree up to a constant per row."""
+    b, k = h.shape
+    if b < 2:
+        return h.sum() * 0.0
+    off = ~torch.eye(b, dtype=torch.bool, device=h.device)
+    t = targets[off].view(b, b - 1) / tau
+    c = (h @ h.T)[off].view(b, b - 1) / (k * tau)
+    p = F.softmax(t, dim=1)
+    return (p * (F.log_softmax(t, dim=1) - F.log_softmax(c, dim=1))).sum(1).mean()
 
 
 def train_ics(
@@ -430,6 +429,7 @@ def train_ics(
     x = torch.from_numpy(x_np).to(device)
     mask = torch.from_numpy(y_np).to(device)
     w = uniform_weights(mask).to(device)
+    mean = x.mean(0)
     opt = torch.optim.AdamW(head.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     gen = torch.Generator().manual_seed(cfg.seed)
     n = len(x)
@@ -439,19 +439,26 @@ def train_ics(
         # (1) centre weights with f frozen
         head.eval()
         with torch.no_grad():
-            ell = torch.cat([relaxed_losses(head, x[i:i + 8192], centres, cfg)[0] for i in range(0, n, 8192)])
+            ell = torch.cat([relaxed_losses(torch.tanh(head(x[i:i + 8192])), centres, cfg)[0]
+                             for i in range(0, n, 8192)])
         before = weight_objective(w.double(), ell.double(), mask, cfg.lam).mean().item()
         w = pgd_weights(ell.cpu(), mask.cpu(), cfg.lam, w0=w.cpu(), steps=cfg.pgd_steps, lr=cfg.pgd_lr).to(device)
         after = weight_objective(w.double(), ell.double(), mask, cfg.lam).mean().item()
         # (2) the head with w fixed
         head.train()
         perm = torch.randperm(n, generator=gen).to(device)
-        total, total_q, batches = 0.0, 0.0, 0
+        total, total_q, total_n, batches = 0.0, 0.0, 0.0, 0
         for i in range(0, n, cfg.batch_size):
             idx = perm[i:i + cfg.batch_size]
-            ell_b, quant = relaxed_losses(head, x[idx], centres, cfg)
+            h = torch.tanh(head(x[idx]))
+            ell_b, quant = relaxed_losses(h, centres, cfg)
             central = (w[idx] * ell_b).sum(1).mean()
             loss = central + cfg.gamma * quant.mean()
+            if cfg.neighbour_weight > 0:
+                xc = F.normalize(x[idx] - mean, dim=1)
+                neigh = neighbour_loss(xc @ xc.T, h, cfg.neighbour_tau)
+                loss = loss + cfg.neighbour_weight * neigh
+                total_n += neigh.item()
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
@@ -461,16 +468,14 @@ def train_ics(
         wm = w[mask.sum(1) > 1]
         max_w = float(wm.max(1).values.mean()) if len(wm) else 1.0
         history.append({"epoch": epoch + 1, "central": total / batches, "quant": total_q / batches,
+                        "neighbour": total_n / batches,
                         "weight_objective_before": before, "weight_objective_after": after,
                         "mean_max_weight_multilabel": max_w})
-        bar.set_postfix(central=f"{total / batches:.4f}", quant=f"{total_q / batches:.4f}")
+        bar.set_postfix(central=f"{total / batches:.4f}", quant=f"{total_q / batches:.4f}",
+                        neighbour=f"{total_n / batches:.4f}")
     head.eval()
     record = {"history": history, "train_items": int(n)}
-    locality = None
-    if cfg.locality_bits:
-        itq = ITQHasher(x_np[:20000], cfg.locality_bits, seed=cfg.seed)
-        locality = (itq.projection, itq.offset)
-    return ICSModel(cfg, head.cpu(), centres_np, record=record, locality=locality)
+    return ICSModel(cfg, head.cpu(), centres_np, record=record)
 
 
 # -- checkpoints ---------------------------------------------------------------------------------
@@ -488,14 +493,10 @@ def save_ics(model: ICSModel, path, fingerprint: str, extra: Optional[dict] = No
     path.parent.mkdir(parents=True, exist_ok=True)
     state = {f"head.{k}": v.detach().cpu().contiguous() for k, v in model.head.state_dict().items()}
     state["centres"] = torch.from_numpy(np.ascontiguousarray(model.centres))
-    if model.locality is not None:
-        state["locality.projection"] = torch.from_numpy(np.ascontiguousarray(model.locality[0]))
-        state["locality.offset"] = torch.from_numpy(np.ascontiguousarray(model.locality[1]))
     config = asdict(model.config)
     meta = {"kind": "ics", "fingerprint": fingerprint, "config": json.dumps(config)}
     _atomic_write(path, save(state, metadata=meta))
-    record = {"kind": "ics", "fingerprint": fingerprint, "bits": model.semantic_bits, "code_bits": model.bits,
-              "embed_dim": model.dim,
+    record = {"kind": "ics", "fingerprint": fingerprint, "bits": model.bits, "embed_dim": model.dim,
               "config": config, "weights": path.name, **model.record, **(extra or {})}
     _atomic_write(path.with_suffix(".json"), json.dumps(record, indent=1).encode())
     model.fingerprint = fingerprint
@@ -518,7 +519,10 @@ def load_ics(path, fingerprint: Optional[str] = None, dim: Optional[int] = None)
             meta = f.metadata() or {}
         if meta.get("kind") != "ics":
             raise ValueError("not an ICS checkpoint")
-        config = ICSConfig.from_dict(json.loads(meta["config"]))
+        raw_config = json.loads(meta["config"])
+        if raw_config.get("locality_bits"):
+            raise ValueError("made by an older version that appended ITQ bits; retrain it")
+        config = ICSConfig.from_dict(raw_config)
         state = load_file(str(path))
     except Exception as exc:  # damaged, truncated or foreign file
         raise CheckpointError(f"{path.name}: unreadable ICS checkpoint ({exc})") from None
@@ -530,10 +534,7 @@ def load_ics(path, fingerprint: Optional[str] = None, dim: Optional[int] = None)
         head = HashHead(config.dim, config.bits, config.hidden, config.dropout)
         head.load_state_dict({k[5:]: v for k, v in state.items() if k.startswith("head.")}, strict=True)
         centres = state["centres"].numpy()
-        locality = None
-        if config.locality_bits:
-            locality = (state["locality.projection"].numpy(), state["locality.offset"].numpy())
-        model = ICSModel(config, head, centres, fingerprint=stored_fp, locality=locality)
+        model = ICSModel(config, head, centres, fingerprint=stored_fp)
     except Exception as exc:
         raise CheckpointError(f"{path.name}: ICS weights do not match its config ({exc})") from None
     record = {}

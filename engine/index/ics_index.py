@@ -161,12 +161,10 @@ class CompactBinaryIndex(VectorIndex):
         return self.bits / 8.0
 
     def describe(self) -> dict:
-        semantic = getattr(self.hasher, "semantic_bits", None)
         return {
             "type": self.kind,
             "items": int(self.ntotal),
             "bits": self.bits,
-            **({"semantic_bits": semantic, "locality_bits": self.bits - semantic} if semantic is not None else {}),
             "bytes_per_item": self.bits / 8.0,
             "bytes_per_item_with_rerank_vectors": self.bits / 8.0 + 2.0 * self.dim,
             "float32_bytes_per_item": 4.0 * self.dim,
@@ -201,8 +199,8 @@ def make_ics_index(bits: int, dim: int, n: int = 0, checkpoint_dir=None, fingerp
             f"train it with `python -m engine train ics --bits {bits}` (docs/ics.md) or pick another index type"
         )
     model = load_ics(path, fingerprint=fingerprint, dim=dim)
-    if model.semantic_bits != bits:
-        raise CheckpointError(f"{path.name} holds a {model.semantic_bits}-bit hash head, not {bits} bits")
+    if model.bits != bits:
+        raise CheckpointError(f"{path.name} holds a {model.bits}-bit hash head, not {bits} bits")
     options.pop("gpu", None)
     return CompactBinaryIndex(dim, model, kind=f"ics-{bits}", rerank=rerank, **options)
 
