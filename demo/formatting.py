@@ -99,13 +99,22 @@ def explanation_markdown_json(data: dict) -> str:
     return "\n\n".join(lines)
 
 
-def backbone_markdown(engine: SearchEngine) -> str:
-    b = engine.backbone.describe()
+def index_markdown(engine: SearchEngine) -> str:
+    """``N images, index `type`, B bytes per image ...`` (compact indexes also name their re-rank stage)."""
     st = engine.index.stats()
     vi = st.get("vector_index", {})
-    return (f"**Backbone:** `{esc(b['name'])}` on {esc(b['device'])} — {esc(b.get('why', ''))}  \n"
-            f"**Gallery:** {st['items']} images, index `{esc(vi.get('type', st['index_type']))}`, "
+    text = (f"{st['items']} images, index `{esc(vi.get('type', st['index_type']))}`, "
             f"{vi.get('bytes_per_item', 0):g} bytes per image in the vector index")
+    if "rerank" in vi:
+        text += (f" (binary codes; the top {vi['rerank']} by Hamming distance are re-ranked with float16 "
+                 f"vectors, {vi['bytes_per_item_with_rerank_vectors']:g} bytes per image in all)")
+    return text
+
+
+def backbone_markdown(engine: SearchEngine) -> str:
+    b = engine.backbone.describe()
+    return (f"**Backbone:** `{esc(b['name'])}` on {esc(b['device'])} — {esc(b.get('why', ''))}  \n"
+            f"**Gallery:** {index_markdown(engine)}")
 
 
 def _f(v, fmt="{:.3f}") -> str:

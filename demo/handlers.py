@@ -12,11 +12,11 @@ import gradio as gr
 
 from engine.errors import EngineError
 from engine.search import SearchEngine, search
-from engine.service import build_session_engine, drop_session_engine
+from engine.service import build_session_engine, drop_session_engine, session_index_types
 from engine.share import from_query_string, reference_file, resolve_reference, state_for, to_query_string
 
 from .formatting import (LABELS, backbone_markdown, compare_html, compare_summary_markdown, esc, explanation_markdown,
-                         gallery_items)
+                         gallery_items, index_markdown)
 
 
 def user_errors(fn):
@@ -66,8 +66,10 @@ def result_as_reference(engine: SearchEngine, ids, evt: gr.SelectData):
     return str(path if path.exists() else engine.index.display_path(i))
 
 
-def index_upload(base: SearchEngine, old: Optional[SearchEngine], file, progress=gr.Progress()):
-    """Index an uploaded zip for this session; returns (engine, status markdown)."""
+def index_upload(base: SearchEngine, old: Optional[SearchEngine], file, index_type: str = "auto",
+                 progress=gr.Progress()):
+    """Index an uploaded zip for this session with ``index_type`` (``auto`` or an ``ics-K`` compact index);
+    returns (engine, status markdown)."""
     if file is None:
         raise EngineError("choose a .zip of photos to upload")
     path = file if isinstance(file, str) else getattr(file, "name", None)
@@ -76,14 +78,24 @@ def index_upload(base: SearchEngine, old: Optional[SearchEngine], file, progress
         progress((done, max(total, 1)), desc=stage)
 
     progress(0, desc="checking the archive")
-    eng = build_session_engine(path, base, progress=report)
+    eng = build_session_engine(path, base, progress=report, index_type=index_type or "auto")
     drop_session_engine(old)
     st = eng.index.stats()
     skipped = eng.index.meta.get("skipped", [])
-    msg = f"Indexed **{st['items']}** photos with `{esc(eng.backbone.name)}`."
+    msg = f"Indexed **{st['items']}** photos with `{esc(eng.backbone.name)}`: {index_markdown(eng)}."
     if skipped:
         msg += f" Skipped {len(skipped)}: " + "; ".join(f"{esc(s['path'])} ({esc(s['reason'])})" for s in skipped[:5])
     return eng, msg
+
+
+def index_type_choices(engine: SearchEngine):
+    """(label, value) pairs for the upload tab's index type menu."""
+    def label(t: str) -> str:
+        if t == "auto":
+            return "Float vectors (exact search)"
+        return f"{t.upper()}: {int(t.split('-')[1]) // 8} bytes per image + re-rank"
+
+    return [(label(t), t) for t in session_index_types(engine)]
 
 
 def info_markdown(engine: SearchEngine) -> str:

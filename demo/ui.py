@@ -204,12 +204,16 @@ def build_demo(settings: Optional[Settings] = None, engine: Optional[SearchEngin
                 session = gr.State(None, delete_callback=drop_session_engine)
                 with gr.Row():
                     upload = gr.File(label="Zip of photos", file_types=[".zip"], elem_id="own-upload")
-                    index_btn = gr.Button("Index the photos", elem_id="own-index")
+                    with gr.Column():
+                        index_type = gr.Dropdown(h.index_type_choices(engine), value="auto", label="Index",
+                                                 info="ICS: compact binary codes (docs/ics.md)",
+                                                 elem_id="own-index-type")
+                        index_btn = gr.Button("Index the photos", elem_id="own-index")
                 status = gr.Markdown(elem_id="own-status")
                 (o_image, o_text, o_method, o_alpha, o_k, o_lattqe, o_expander, o_nqe, o_button, o_gallery,
                  o_expl, o_raw, o_ids) = _search_controls(engine, "own-")
-                index_btn.click(h.user_errors(functools.partial(h.index_upload, engine)), [session, upload], [session, status],
-                                api_name="index_zip", concurrency_limit=1)
+                index_btn.click(h.user_errors(functools.partial(h.index_upload, engine)), [session, upload, index_type],
+                                [session, status], api_name="index_zip", concurrency_limit=1)
                 o_inputs = [session, o_image, o_text, o_method, o_alpha, o_k, o_lattqe, o_expander, o_nqe]
                 o_outputs = [o_gallery, o_expl, o_raw, o_ids]
                 o_button.click(h.user_errors(h.run_search), o_inputs, o_outputs, api_name="search_own",

@@ -39,11 +39,24 @@ def sessions_dir() -> Path:
     return d
 
 
-def build_session_engine(zip_path, base: SearchEngine, progress=None) -> SearchEngine:
-    """Index an uploaded zip into a fresh session folder with the live backbone."""
+def session_index_types(base: SearchEngine) -> list:
+    """Index types offered for an uploaded gallery: ``auto`` (float vectors: exact flat search, IVF when
+    large) and every ``ics-K`` compact binary index with a checkpoint for the live backbone."""
+    from .index.ics_index import available_ics_types
+
+    return ["auto", *available_ics_types(base.settings.checkpoints, base.backbone.fingerprint,
+                                         base.backbone.embed_dim)]
+
+
+def build_session_engine(zip_path, base: SearchEngine, progress=None, index_type: str = "auto") -> SearchEngine:
+    """Index an uploaded zip into a fresh session folder with the live backbone and ``index_type``
+    (one of :func:`session_index_types`)."""
     zip_path = Path(zip_path)
     if not zip_path.is_file():
         raise InputError("no zip file was uploaded")
+    choices = session_index_types(base) if index_type != "auto" else ["auto"]
+    if index_type not in choices:
+        raise InputError(f"index type {index_type!r} is not available here; choose one of {', '.join(choices)}")
     settings = base.settings
     if zip_path.stat().st_size > settings.max_zip_mb * 1e6:
         raise InputError(f"the zip is {zip_path.stat().st_size / 1e6:.1f} MB; the limit is {settings.max_zip_mb:.0f} MB")
@@ -52,7 +65,8 @@ def build_session_engine(zip_path, base: SearchEngine, progress=None) -> SearchE
             raise InputError("the upload is not a zip archive (checked by content, not by name)")
     out = sessions_dir() / uuid.uuid4().hex
     try:
-        index_source(zip_path, out, base.backbone, settings=settings, progress=progress, workers=0)
+        index_source(zip_path, out, base.backbone, index_type=index_type, settings=settings, progress=progress,
+                     workers=0)
         return open_engine(out, backbone=base.backbone, settings=settings)
     except Exception:
         shutil.rmtree(out, ignore_errors=True)

@@ -49,3 +49,31 @@ def test_api_errors_are_clear_and_server_survives(app_url):
         client.predict(None, "   ", "sum", 0.5, 3, False, "none", 64, api_name="/search")
     gallery, _, _ = client.predict(None, "a red apple", "text", 0.5, 2, False, "none", 64, api_name="/search")
     assert len(gallery) == 2
+
+
+def test_upload_tab_builds_a_compact_ics_index(app_url, gallery_engine, tmp_path, monkeypatch):
+    """The upload tab's index menu offers the shipped ICS checkpoints; an ics-64 gallery stores 8 bytes
+    of codes per image and still finds the reference photo first (Hamming short-list, then re-rank)."""
+    import zipfile
+    from pathlib import Path
+
+    from gradio_client import Client, handle_file
+
+    monkeypatch.setenv("CIS_CACHE_DIR", str(tmp_path / "cache"))
+    photos = sorted((Path(__file__).resolve().parents[1] / "assets" / "gallery").rglob("*.jpg"))[:12]
+    with zipfile.ZipFile(tmp_path / "p.zip", "w") as z:
+        for i, p in enumerate(photos):
+            z.write(p, f"p{i:02d}.jpg")
+    from engine.errors import InputError
+    from engine.service import build_session_engine
+
+    with pytest.raises(InputError, match="not available"):
+        build_session_engine(tmp_path / "p.zip", gallery_engine, index_type="ics-12")
+    client = Client(app_url, verbose=False)
+    with pytest.raises(Exception, match="not in the list of choices"):
+        client.predict(handle_file(str(tmp_path / "p.zip")), "ics-12", api_name="/index_zip")
+    status = client.predict(handle_file(str(tmp_path / "p.zip")), "ics-64", api_name="/index_zip")
+    assert "**12**" in status and "`ics-64`" in status and "8 bytes per image" in status
+    _, _, raw = client.predict(handle_file(str(photos[5])), "", "image", 0.5, 3, False, "none", 64,
+                               api_name="/search_own")
+    assert json.loads(raw)["results"][0]["path"] == "p05.jpg"

@@ -205,6 +205,19 @@ def make_ics_index(bits: int, dim: int, n: int = 0, checkpoint_dir=None, fingerp
     return CompactBinaryIndex(dim, model, kind=f"ics-{bits}", rerank=rerank, **options)
 
 
+def available_ics_types(checkpoint_dir=None, fingerprint: Optional[str] = None, dim: Optional[int] = None) -> list:
+    """The ``ics-K`` index types whose checkpoint exists and fits this backbone (fingerprint, embedding size)."""
+    folder = Path(checkpoint_dir) if checkpoint_dir else default_checkpoint_dir()
+    found = []
+    for bits in SUPPORTED_BITS:
+        try:
+            load_ics(checkpoint_path(folder, bits), fingerprint=fingerprint, dim=dim)
+        except CheckpointError:
+            continue
+        found.append(f"ics-{bits}")
+    return found
+
+
 def _register() -> None:
     for bits in SUPPORTED_BITS:
         name = f"ics-{bits}"
