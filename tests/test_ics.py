@@ -458,7 +458,8 @@ def test_bench_tables_on_small_data():
     assert set(row) >= {"ics", PAPER, "lsh", "itq"} and all(0 <= row[k] <= 1 for k in ("ics", PAPER, "lsh", "itq"))
     rec = recall_table(x, x[:20], len(x), {"lsh-16": LSHHasher(x.shape[1], 16), "ics-16": models["ics", 16]})
     assert all(r["recall@10"] == 1.0 for r in rec["rows"].values())  # R = everything: exact re-rank
-    mil = million_table(n=3000, dim=16, queries=5, rerank=3000, clusters=10, epochs=1)
+    mil = million_table(n=3000, dim=64, queries=5, rerank=3000, clusters=10, epochs=1)
     assert mil["rows"]["ics-64"]["bytes"] == 8 and mil["rows"]["ics-64"]["recall@10"] == 1.0
+    assert set(mil["rows"]) == {"lsh-64", "itq-64", "ics-64"}
     md = to_markdown({"maps": [table], "recall": rec, "million": mil})
     assert "| 16 |" in md and "ics-64" in md and "3,000 synthetic" in md

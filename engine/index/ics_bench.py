@@ -85,8 +85,8 @@ def recall_table(x: np.ndarray, queries: np.ndarray, rerank: int, hashers: Dict)
     return out
 
 
-def million_table(n: int = 1_000_000, dim: int = 512, queries: int = 20, rerank: int = 1000,
-                  clusters: int = 1000, epochs: int = 5, seed: int = 0, progress: bool = False) -> Dict:
+def million_table(n: int = 1_000_000, dim: int = 512, queries: int = 100, rerank: int = 1000,
+                  clusters: int = 1000, epochs: int = 15, seed: int = 0, progress: bool = False) -> Dict:
     """Bytes per image and single-thread latency: compact index vs exact float scan on ``n`` synthetic vectors."""
     import faiss
 
@@ -113,7 +113,8 @@ def million_table(n: int = 1_000_000, dim: int = 512, queries: int = 20, rerank:
         ntrain = 50_000
         model = train_ics(x[:ntrain], labels[:ntrain] % 64, ICSConfig(bits=64, epochs=epochs), progress=progress)
         out = {"items": n, "dim": dim, "queries": queries, "float32_bytes": 4 * dim, "float_ms": float_ms, "rows": {}}
-        for name, h in {"lsh-64": LSHHasher(dim, 64), "ics-64": model}.items():
+        hashers = {"lsh-64": LSHHasher(dim, 64), "itq-64": ITQHasher(x[:ntrain], 64), "ics-64": model}
+        for name, h in hashers.items():
             idx = CompactBinaryIndex(dim, h, kind=name, rerank=rerank)
             t = time.perf_counter()
             idx.build(x)
