@@ -276,8 +276,9 @@ def main(argv=None) -> int:
         md, data = fn(args, {"backbone": backbone, "settings": settings, "img_dir": img_dir})
         parts.append(f"## {name}\n\n{md}")
         record[name] = data
-    parts.append("Hashing (mAP of ICS against LSH, ITQ-style PCA hashing and float embeddings at 16/32/64 bits) "
-                 "is measured by `python -m engine bench --only ics`; see docs/ics.md.")
+    parts.append("Hashing (mAP of ICS against LSH, ITQ-style PCA hashing and float embeddings at 16-128 bits, and "
+                 "recall of the compact index against exact search) is measured by `python -m engine bench --only "
+                 "ics`; see docs/ics.md.")
     parts.append(f"_Total time: {(time.time() - t0) / 60:.1f} min on this machine._")
     from ..fileio import atomic_write_text
 
