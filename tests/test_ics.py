@@ -13,7 +13,7 @@ from engine.index.ics import (ICSConfig, ITQHasher, LSHHasher, code_distance, ha
                               hash_centres, labels_to_matrix, load_ics, map_at_n, neg_log_likelihood, neighbour_loss,
                               pack_bits,
                               pgd_weights, project_simplex, save_ics, train_ics, unpack_signs, weight_objective)
-from engine.index.ics_index import CompactBinaryIndex, LSHIndex, make_ics_index
+from engine.index.ics_index import CompactBinaryIndex, LSHIndex, candidate_recall, make_ics_index
 from engine.index.vectors import VECTOR_INDEXES, create_vector_index
 
 torch.set_num_threads(1)
@@ -237,14 +237,6 @@ def test_neighbour_loss_is_zero_when_code_ranking_matches_and_has_gradients():
     assert neighbour_loss(other[:1, :1], h[:1], tau=0.1).item() == 0.0
 
 
-def _recall_of_compact(model, x, queries, rerank):
-    idx = CompactBinaryIndex(x.shape[1], model, kind="t", rerank=rerank)
-    idx.build(x)
-    exact = np.argsort(-(queries @ x.T), axis=1)[:, :10]
-    ids = idx.search(queries, 10)[1]
-    return float(np.mean([len(set(a) & set(b)) / 10 for a, b in zip(ids, exact)]))
-
-
 def test_neighbour_term_keeps_float_neighbours_among_hamming_candidates():
     """Pure central similarity collapses a class onto one code, so the Hamming top-R misses the exact float
     neighbours; the neighbour term restores them and the codes still beat LSH on mAP."""
@@ -254,7 +246,7 @@ def test_neighbour_term_keeps_float_neighbours_among_hamming_candidates():
     pure = train_ics(x[:1000], digit[:1000], ICSConfig(neighbour_weight=0.0, **cfg), progress=False)
     both = train_ics(x[:1000], digit[:1000], ICSConfig(**cfg), progress=False)
     assert both.record["history"][-1]["neighbour"] < 0.5 * both.record["history"][0]["neighbour"]
-    r_pure, r_both = _recall_of_compact(pure, x, x[q][:200], 100), _recall_of_compact(both, x, x[q][:200], 100)
+    r_pure, r_both = candidate_recall(pure, x, x[q][:200], 100), candidate_recall(both, x, x[q][:200], 100)
     assert r_both > r_pure + 0.15 and r_both > 0.9, (r_pure, r_both)
     one = labels_to_matrix([[int(v)] for v in digit])
     lsh = LSHHasher(x.shape[1], 32, seed=0)

@@ -24,7 +24,7 @@ from typing import Dict, Optional, Sequence
 import numpy as np
 
 from .ics import ICSConfig, ITQHasher, LSHHasher, labels_to_matrix, map_at_n, train_ics
-from .ics_index import CompactBinaryIndex
+from .ics_index import CompactBinaryIndex, candidate_recall, exact_top
 
 
 def fashion_mnist_features(pca: int = 128, seed: int = 0):
@@ -41,12 +41,6 @@ def fashion_mnist_features(pca: int = 128, seed: int = 0):
     f = (x - mu) @ vt[:pca].T
     f /= np.linalg.norm(f, axis=1, keepdims=True)
     return f.astype(np.float32), y
-
-
-def _recall_at(index: CompactBinaryIndex, vectors: np.ndarray, queries: np.ndarray, k: int = 10) -> float:
-    exact = np.argsort(-(queries @ vectors.T), axis=1)[:, :k]
-    _, ids = index.search(queries, k)
-    return float(np.mean([len(set(a) & set(b)) / k for a, b in zip(ids, exact)]))
 
 
 PAPER = "ics (mu=0)"  # the paper's objective: central similarity only, no neighbour term
@@ -78,10 +72,9 @@ def map_table(name: str, train_x, train_y, q_x, q_y, db_x, db_y, bits_list: Sequ
 def recall_table(x: np.ndarray, queries: np.ndarray, rerank: int, hashers: Dict) -> Dict:
     """recall@10 of Hamming top-``rerank`` + exact re-rank vs exact float search over all of ``x``."""
     out = {"items": int(len(x)), "rerank": rerank, "rows": {}}
+    exact = exact_top(x, queries)
     for name, h in hashers.items():
-        idx = CompactBinaryIndex(x.shape[1], h, kind=name, rerank=rerank)
-        idx.build(x)
-        out["rows"][name] = {"bytes": idx.bytes_per_item(), "recall@10": _recall_at(idx, x, queries)}
+        out["rows"][name] = {"bytes": h.bits / 8, "recall@10": candidate_recall(h, x, queries, rerank, exact=exact)}
     return out
 
 
