@@ -65,3 +65,32 @@ def small_gallery(tmp_path):
     for i, f in enumerate(files):
         shutil.copy(f, out / f"{i:02d}-{f.name}")
     return out
+
+
+@pytest.fixture(scope="session")
+def launch_demo():
+    """``launch(demo, engine) -> base URL`` (no trailing slash): the app on a free loopback port, serving
+    the engine's gallery files as app.py does. The caller closes the demo."""
+    import socket
+
+    def launch(demo, engine) -> str:
+        from demo.ui import allowed_paths
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True,
+                    allowed_paths=allowed_paths(engine))
+        return f"http://127.0.0.1:{port}"
+
+    return launch
+
+
+@pytest.fixture(scope="module")
+def app_server(gallery_engine, launch_demo):
+    """The full demo over the bundled gallery, launched once per test module; yields its base URL."""
+    from demo.ui import build_demo
+
+    demo = build_demo(gallery_engine.settings, engine=gallery_engine)
+    yield launch_demo(demo, gallery_engine)
+    demo.close()

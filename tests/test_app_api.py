@@ -1,32 +1,13 @@
 """The named Gradio API endpoint `search`, called through gradio_client against a launched app."""
 import json
-import socket
 
 import pytest
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture(scope="module")
-def app_url(gallery_engine):
-    from demo.ui import allowed_paths, build_demo
-
-    demo = build_demo(gallery_engine.settings, engine=gallery_engine)
-    port = _free_port()
-    demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True,
-                allowed_paths=allowed_paths(gallery_engine))
-    yield f"http://127.0.0.1:{port}/"
-    demo.close()
-
-
-def test_search_endpoint_through_gradio_client(app_url, gallery_engine, gallery_labels):
+def test_search_endpoint_through_gradio_client(app_server, gallery_engine, gallery_labels):
     from gradio_client import Client, handle_file
 
-    client = Client(app_url, verbose=False)
+    client = Client(app_server, verbose=False)
     assert "/search" in client.view_api(return_format="dict")["named_endpoints"]
     gallery, explanation, raw, = client.predict(None, "a photo of a cat", "text", 0.5, 4, False, "none", 64,
                                                 api_name="/search")
@@ -41,17 +22,17 @@ def test_search_endpoint_through_gradio_client(app_url, gallery_engine, gallery_
     assert json.loads(raw)["results"][0]["id"] == 7
 
 
-def test_api_errors_are_clear_and_server_survives(app_url):
+def test_api_errors_are_clear_and_server_survives(app_server):
     from gradio_client import Client
 
-    client = Client(app_url, verbose=False)
+    client = Client(app_server, verbose=False)
     with pytest.raises(Exception, match="give a reference image"):
         client.predict(None, "   ", "sum", 0.5, 3, False, "none", 64, api_name="/search")
     gallery, _, _ = client.predict(None, "a red apple", "text", 0.5, 2, False, "none", 64, api_name="/search")
     assert len(gallery) == 2
 
 
-def test_upload_tab_builds_a_compact_ics_index(app_url, gallery_engine, tmp_path, monkeypatch):
+def test_upload_tab_builds_a_compact_ics_index(app_server, gallery_engine, tmp_path, monkeypatch):
     """The upload tab's index menu offers the shipped ICS checkpoints; an ics-64 gallery stores 8 bytes
     of codes per image and still finds the reference photo first (Hamming short-list, then re-rank)."""
     import zipfile
@@ -69,7 +50,7 @@ def test_upload_tab_builds_a_compact_ics_index(app_url, gallery_engine, tmp_path
 
     with pytest.raises(InputError, match="not available"):
         build_session_engine(tmp_path / "p.zip", gallery_engine, index_type="ics-12")
-    client = Client(app_url, verbose=False)
+    client = Client(app_server, verbose=False)
     with pytest.raises(Exception, match="not in the list of choices"):
         client.predict(handle_file(str(tmp_path / "p.zip")), "ics-12", api_name="/index_zip")
     status = client.predict(handle_file(str(tmp_path / "p.zip")), "ics-64", api_name="/index_zip")

@@ -3,27 +3,11 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import threading
 import time
 
 import numpy as np
 import pytest
-
-
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _launch(demo, engine):
-    from demo.ui import allowed_paths
-
-    port = _free_port()
-    demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True,
-                allowed_paths=allowed_paths(engine))
-    return f"http://127.0.0.1:{port}/"
 
 
 def test_percentile_matches_numpy_and_memory_growth():
@@ -56,12 +40,12 @@ def test_only_loopback_servers_are_accepted():
             check_loopback(url)
 
 
-def test_short_load_run_reports_throughput_latency_and_memory(gallery_engine, tmp_path, capsys):
+def test_short_load_run_reports_throughput_latency_and_memory(gallery_engine, launch_demo, tmp_path, capsys):
     from demo.ui import build_demo
     from engine.loadtest import main
 
     demo = build_demo(gallery_engine.settings, engine=gallery_engine)
-    url = _launch(demo, gallery_engine)
+    url = launch_demo(demo, gallery_engine) + "/"
     try:
         out = tmp_path / "summary.json"
         rc = main(["--url", url, "--pid", str(os.getpid()), "--clients", "2", "--duration", "4", "--warmup", "1",
@@ -80,7 +64,7 @@ def test_short_load_run_reports_throughput_latency_and_memory(gallery_engine, tm
         assert word in printed
 
 
-def test_a_full_queue_answers_busy_and_the_server_recovers(gallery_engine, monkeypatch):
+def test_a_full_queue_answers_busy_and_the_server_recovers(gallery_engine, launch_demo, monkeypatch):
     """With CIS_QUEUE_MAX=1 and slow searches, extra requests get HTTP 503 "Queue is full" at once,
     the accepted ones finish, and a request after the burst succeeds."""
     import httpx
@@ -97,7 +81,7 @@ def test_a_full_queue_answers_busy_and_the_server_recovers(gallery_engine, monke
     monkeypatch.setattr(h, "search", slow_search)
     monkeypatch.setenv("CIS_QUEUE_MAX", "1")
     demo = build_demo(gallery_engine.settings, engine=gallery_engine)
-    url = _launch(demo, gallery_engine)
+    url = launch_demo(demo, gallery_engine) + "/"
     data = [None, "a red apple", "text", 0.5, 2, False, "none", 64]
     codes, bodies, lock = [], [], threading.Lock()
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import io
 import json
-import socket
 import struct
 import zipfile
 import zlib
@@ -63,12 +62,6 @@ class _Evil:
         return (Path.touch, (Path(self.marker),))
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture()
 def sessions(tmp_path, monkeypatch):
     """Session galleries go to a private cache folder, so the test sees exactly what is left behind."""
@@ -76,18 +69,6 @@ def sessions(tmp_path, monkeypatch):
     from engine.service import sessions_dir
 
     return sessions_dir()
-
-
-@pytest.fixture(scope="module")
-def server(gallery_engine):
-    from demo.ui import allowed_paths, build_demo
-
-    demo = build_demo(gallery_engine.settings, engine=gallery_engine)
-    port = _free_port()
-    demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True,
-                allowed_paths=allowed_paths(gallery_engine))
-    yield f"http://127.0.0.1:{port}"
-    demo.close()
 
 
 # -- uploads: size, pixels, type by content --------------------------------------------------------
@@ -217,7 +198,8 @@ def test_session_files_are_deleted_and_the_gallery_never_is(gallery_engine, tmp_
 
 
 # -- what the running server serves ----------------------------------------------------------------
-def test_server_serves_gallery_files_but_nothing_else(server, gallery_engine):
+def test_server_serves_gallery_files_but_nothing_else(app_server, gallery_engine):
+    server = app_server
     import httpx
 
     gallery_file = gallery_engine.index.image_path(0)
@@ -259,7 +241,8 @@ def _call(server: str, api: str, data: list):
     return event, None
 
 
-def test_no_api_parameter_reads_a_server_path(server, tmp_path):
+def test_no_api_parameter_reads_a_server_path(app_server, tmp_path):
+    server = app_server
     import httpx
 
     secret = tmp_path / "secret.jpg"
