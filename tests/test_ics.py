@@ -9,10 +9,11 @@ import pytest
 import torch
 
 from engine.errors import CheckpointError, IndexLoadError, InputError
-from engine.index.ics import (ICSConfig, ITQHasher, LSHHasher, code_distance, hadamard, hamming_distances,
-                              hash_centres, labels_to_matrix, load_ics, map_at_n, neg_log_likelihood, neighbour_loss,
-                              pack_bits,
-                              pgd_weights, project_simplex, save_ics, train_ics, unpack_signs, weight_objective)
+from engine.eval.metrics import hamming_distances, map_at_n
+from engine.index.ics import (ICSConfig, code_distance, hadamard, hash_centres, labels_to_matrix, load_ics,
+                              neg_log_likelihood, neighbour_loss, pack_bits, save_ics, unpack_signs)
+from engine.index.ics_baselines import ITQHasher, LSHHasher
+from engine.train.ics import pgd_weights, project_simplex, train_ics, weight_objective
 from engine.index.ics_index import CompactBinaryIndex, LSHIndex, candidate_recall, make_ics_index
 from engine.index.vectors import VECTOR_INDEXES, create_vector_index
 

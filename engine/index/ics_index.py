@@ -23,7 +23,8 @@ from typing import Optional
 import numpy as np
 
 from ..errors import CheckpointError, IndexLoadError, InputError
-from .ics import SUPPORTED_BITS, Hasher, LSHHasher, checkpoint_path, load_ics
+from .ics import SUPPORTED_BITS, Hasher, checkpoint_path, load_ics
+from .ics_baselines import LSHHasher
 from .vectors import VECTOR_INDEXES, VectorIndex
 from ..fileio import atomic_save_npy as _atomic_save_npy
 from ..fileio import atomic_write_text as _atomic_write_text
