@@ -48,7 +48,7 @@ with ``w`` fixed on ``mean_i [sum_j w_ij l_ij] + gamma * mean_i Q_i + mu * mean_
 
 The module also holds the comparison hashers (random-projection LSH, ITQ-style PCA hashing), the
 retrieval metrics (mAP@N under Hamming ranking, recall of Hamming + re-rank against exact search) and
-the checkpoint format (``ics-<K>.safetensors`` + ``ics-<K>.json`` with config and backbone fingerprint).
+the checkpoint format (``ics-<K>-<backbone slug>.safetensors`` + ``.json`` sidecar with config and backbone fingerprint).
 """
 from __future__ import annotations
 
@@ -479,8 +479,13 @@ def train_ics(
 
 
 # -- checkpoints ---------------------------------------------------------------------------------
-def checkpoint_path(checkpoint_dir, bits: int) -> Path:
-    return Path(checkpoint_dir) / f"ics-{int(bits)}.safetensors"
+def checkpoint_path(checkpoint_dir, bits: int, fingerprint: Optional[str] = None) -> Path:
+    """``ics-<K>-<backbone slug>.safetensors`` (the checkpoint layer's naming; plain ``ics-<K>`` without a
+    fingerprint)."""
+    from ..checkpoints import file_name
+
+    name = file_name(f"ics-{int(bits)}", fingerprint) if fingerprint else f"ics-{int(bits)}.safetensors"
+    return Path(checkpoint_dir) / name
 
 
 
