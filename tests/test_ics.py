@@ -428,14 +428,14 @@ def test_train_cli_on_feature_file(tmp_path, capsys):
     rc = main(["--features", str(tmp_path / "f.npz"), "--bits", "16", "--epochs", "40", "--hidden", "32",
                "--neighbour-weight", "0.5", "--out", str(tmp_path / "ck"), "--quiet"])
     assert rc == 0
-    record = json.loads((tmp_path / "ck" / "ics-16.json").read_text())
+    record = json.loads((tmp_path / "ck" / "ics-16-bb.json").read_text())  # ics-<K>-<backbone slug>
     assert record["fingerprint"] == "bb@9" and record["bits"] == 16
     assert record["splits"] == {"train": 320, "query": 16, "db": 64}
     assert record["eval"]["map_ics"] > record["eval"]["map_lsh"]
     assert record["eval"]["rerank"] == 20 and 0 < record["eval"]["recall10_ics"] <= 1  # 5% of 384 items
     printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert printed[0]["bits"] == 16
-    model = load_ics(tmp_path / "ck" / "ics-16.safetensors", fingerprint="bb@9")
+    model = load_ics(tmp_path / "ck" / "ics-16-bb.safetensors", fingerprint="bb@9")
     assert model.bits == 16 and model.config.neighbour_weight == 0.5
     with pytest.raises(InputError, match="--bits"):
         main(["--features", str(tmp_path / "f.npz"), "--bits", "12", "--out", str(tmp_path / "ck")])

@@ -46,8 +46,8 @@ gradient descent (step 0.1, Euclidean projection onto the simplex by the sort-ba
 :func:`project_simplex`, about 10 iterations, :func:`pgd_weights`); then ``f`` is trained for an epoch
 with ``w`` fixed on ``mean_i [sum_j w_ij l_ij] + gamma * mean_i Q_i + mu * mean_i N_i``.
 
-This module holds the model, its losses, the codes and the checkpoint format (``ics-<K>.safetensors`` +
-``ics-<K>.json`` with config and backbone fingerprint). Training (PGD weights, :func:`train_ics`) lives in
+This module holds the model, its losses, the codes and the checkpoint format (``ics-<K>-<backbone slug>.safetensors``
++ ``.json`` sidecar with config and backbone fingerprint). Training (PGD weights, :func:`train_ics`) lives in
 :mod:`engine.train.ics`, the comparison hashers (LSH, ITQ) in :mod:`engine.index.ics_baselines` and the
 Hamming-ranking metrics in :mod:`engine.eval.metrics`.
 """
@@ -283,8 +283,13 @@ def neighbour_loss(targets: torch.Tensor, h: torch.Tensor, tau: float) -> torch.
 
 
 # -- checkpoints ---------------------------------------------------------------------------------
-def checkpoint_path(checkpoint_dir, bits: int) -> Path:
-    return Path(checkpoint_dir) / f"ics-{int(bits)}.safetensors"
+def checkpoint_path(checkpoint_dir, bits: int, fingerprint: Optional[str] = None) -> Path:
+    """``ics-<K>-<backbone slug>.safetensors`` (the checkpoint layer's naming; plain ``ics-<K>`` without a
+    fingerprint)."""
+    from ..checkpoints import file_name
+
+    name = file_name(f"ics-{int(bits)}", fingerprint) if fingerprint else f"ics-{int(bits)}.safetensors"
+    return Path(checkpoint_dir) / name
 
 
 

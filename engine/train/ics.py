@@ -15,7 +15,7 @@ Data sources (one of):
 
 Images are embedded with the backbone (``engine.data.features.embed_paths``, cached). For the file
 formats a random ``--holdout`` share becomes the query/db evaluation split. Checkpoints go to
-``--out`` (default ``CIS_CHECKPOINTS``) as ``ics-<K>.safetensors`` + ``.json`` with the held-out mAP of
+``--out`` (default ``CIS_CHECKPOINTS``) as ``ics-<K>-<backbone slug>.safetensors`` + ``.json`` with the held-out mAP of
 ICS, LSH, ITQ and float ranking.
 """
 from __future__ import annotations
@@ -505,7 +505,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         ev = evaluate_codes(model, tr_x, q_x, q_y, db_x, db_y, top, seed=args.seed) if len(q_x) and len(db_x) else {}
         extra = {"labels": vocab, "source": what, "train_seconds": round(seconds, 1),
                  "splits": {"train": len(tr_x), "query": len(q_x), "db": len(db_x)}, "eval": ev}
-        path = save_ics(model, checkpoint_path(out_dir, bits), fingerprint, extra)
+        path = save_ics(model, checkpoint_path(out_dir, bits, fingerprint), fingerprint, extra)
         summary.append({"bits": bits, "checkpoint": str(path), **ev})
         if not args.quiet:
             print(json.dumps(summary[-1]), flush=True)
