@@ -433,18 +433,19 @@ def train_mapper(backbone, mapper: ContextI2WMapper, feats: PairFeatures, cfg: T
 def _recall(scores: np.ndarray, targets: Sequence[Sequence[int]], ks: Sequence[int],
             exclude: Optional[Sequence[int]] = None) -> Dict[str, float]:
     """R@K (percent): a query counts when any of its targets ranks in the top K (``exclude`` removed)."""
-    scores = np.array(scores, dtype=np.float64)
+    from ..eval.metrics import first_hit_ranks, recall_from_ranks
+
+    scores = np.asarray(scores, dtype=np.float64)
+    positive = np.zeros(scores.shape, dtype=bool)
+    for i, ts in enumerate(targets):
+        positive[i, list(ts)] = True
+    excluded = None
     if exclude is not None:
+        excluded = np.zeros(scores.shape, dtype=bool)
         for i, e in enumerate(exclude):
             if e is not None and e >= 0:
-                scores[i, e] = -np.inf
-    order = np.argsort(-scores, axis=1, kind="stable")
-    ranks = []
-    for i, ts in enumerate(targets):
-        pos = np.where(np.isin(order[i], list(ts)))[0]
-        ranks.append(pos.min() if pos.size else np.inf)
-    ranks = np.asarray(ranks, dtype=float)
-    return {f"R@{k}": float((ranks < k).mean() * 100.0) for k in ks}
+                excluded[i, e] = True
+    return recall_from_ranks(first_hit_ranks(scores, positive, excluded), ks)
 
 
 @torch.no_grad()
