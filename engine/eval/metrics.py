@@ -410,3 +410,43 @@ def top_k_ids(
             order = ranked_indices(scores[i], k, ex)
         out.append([gids[j] for j in order])
     return out
+
+
+# -- hashing: ranking by Hamming distance of packed codes (ICS, LSH, ITQ) -----------------------
+def hamming_distances(query_codes: np.ndarray, db_codes: np.ndarray, bits: int) -> np.ndarray:
+    """(Q, N) Hamming distances via the +-1 identity ``ham = (K - <s_q, s_d>) / 2``."""
+    from ..index.ics import unpack_signs
+
+    sq, sd = unpack_signs(query_codes, bits), unpack_signs(db_codes, bits)
+    return np.rint((bits - sq @ sd.T) / 2).astype(np.int32)
+
+
+def average_precision_at(order: np.ndarray, relevant: np.ndarray, top: int) -> np.ndarray:
+    """mAP@N pieces: ``order`` (Q, N) ranked db ids, ``relevant`` (Q, Ndb) bool -> (Q,) AP@top.
+
+    ``AP@N = sum_{k<=N} P@k * rel_k / sum_{k<=N} rel_k`` (0 when nothing relevant is retrieved).
+    """
+    top = min(top, order.shape[1])
+    rel = np.take_along_axis(relevant, order[:, :top], axis=1).astype(np.float64)
+    hits = np.cumsum(rel, axis=1)
+    prec = hits / np.arange(1, top + 1)[None]
+    n_rel = rel.sum(1)
+    return np.where(n_rel > 0, (prec * rel).sum(1) / np.maximum(n_rel, 1), 0.0)
+
+
+def map_at_n(query_labels: np.ndarray, db_labels: np.ndarray, top: int, *, query_codes=None, db_codes=None,
+             bits: int = 0, query_vectors=None, db_vectors=None, chunk: int = 256) -> float:
+    """mAP@top: relevant = shares at least one label. Ranking by Hamming distance of the codes (ties by
+    db order, stable) or, with ``query_vectors``/``db_vectors``, by inner product."""
+    ql, dl = np.asarray(query_labels, bool), np.asarray(db_labels, bool)
+    aps = []
+    for s in range(0, len(ql), chunk):
+        if query_vectors is not None:
+            sim = np.asarray(query_vectors[s:s + chunk], np.float32) @ np.asarray(db_vectors, np.float32).T
+            order = np.argsort(-sim, axis=1, kind="stable")
+        else:
+            dist = hamming_distances(query_codes[s:s + chunk], db_codes, bits)
+            order = np.argsort(dist, axis=1, kind="stable")
+        relevant = (ql[s:s + chunk].astype(np.float32) @ dl.T.astype(np.float32)) > 0
+        aps.append(average_precision_at(order, relevant, top))
+    return float(np.concatenate(aps).mean()) if aps else 0.0

@@ -35,8 +35,10 @@ def _l2n(x: np.ndarray) -> np.ndarray:
 def cir_tensors(backbone, split: str = "test"):
     """Queries, gallery records, gallery embeddings and reference features of the offline CIR set."""
     from ..data.features import embed_paths
+    from ..data.builders import ensure_built
     from ..data.formats import image_path, load_split
 
+    ensure_built("cir")  # the explicit build step (quick when built)
     queries = load_split("cir", split)
     gallery = load_split("cir", f"{split}_gallery")
     gemb = embed_paths(backbone, [image_path("cir", g["image"]) for g in gallery], desc=f"cir {split} gallery")

@@ -33,7 +33,7 @@ import os
 import random
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -124,7 +124,9 @@ def load_pairs(spec: str, split: str = "train", image_root: Optional[str] = None
     """``captions`` (offline set, one split), a pair file, or a CC3M-style folder."""
     if spec == "captions":
         from ..data import formats
+        from ..data.builders import ensure_built
 
+        ensure_built("captions")  # the explicit build step (quick when built)
         records = formats.load_split("captions", split)
         return _pairs_from_records(records, formats.image_root("captions"), f"captions/{split}")
     path = Path(spec)
@@ -635,7 +637,9 @@ def _mapper_config(args, backbone) -> ContextI2WConfig:
 def cir_queries(split: str) -> Dict[str, Tuple[List[dict], List[str]]]:
     """The offline ``cir`` set's split as {gallery name: (triplets, gallery image paths)}."""
     from ..data import formats
+    from ..data.builders import ensure_built
 
+    ensure_built("cir")  # the explicit build step (quick when built)
     groups: Dict[str, Tuple[List[dict], List[str]]] = {}
     for r in formats.load_split("cir", split):
         ts = r.get("targets", r.get("target"))

@@ -105,14 +105,15 @@ def labelled_features(parts: Sequence[str], backbone_name: str = "packaged", dev
 
     from ..backbones import create_backbone
     from ..data.features import embed_paths
+    from ..data.builders import ensure_built
     from ..data.formats import image_path, load_split
 
+    ensure_built("labelled")  # the explicit build step (quick when built)
     backbone = create_backbone(backbone_name, device)
     out = {}
     for split in splits:
         paths, labels = [], []
         for part in parts:
-            load_split("labelled", "train", part)  # builds the set on first use
             if split == "test" and part.startswith("fmnist"):
                 continue  # Fashion-MNIST parts have train + val classes only (their query/db mix both)
             recs = [r for name in HELD_OUT_FILES[split] for r in load_split("labelled", name, part)]

@@ -421,6 +421,9 @@ def _load_triplets(args, split: str):
         path = Path(args.root) / f"{split}.jsonl" if Path(args.root).is_dir() else Path(args.root)
         trips = ct.load_jsonl(path, args.image_root, report=report)
     elif args.data == "cir":
+        from ..data.builders import ensure_built
+
+        ensure_built("cir")  # the explicit build step (quick when built)
         trips = ct.load_offline_cir(split, report=report)
     else:
         raise InputError(f"unknown data {args.data!r}")
