@@ -12,6 +12,7 @@ Layout of an index folder::
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -27,6 +28,41 @@ from .vectors import VectorIndex, create_vector_index
 from ..fileio import atomic_write_text
 
 FORMAT_VERSION = 1
+CHECKSUMS = "checksums.json"
+REBUILD = "rebuild it with `python -m engine index <images> --out <index folder>` (the app rebuilds its own)"
+
+
+def file_checksum(path, chunk: int = 1 << 20) -> str:
+    """BLAKE2b of a file, read in 1 MB blocks (memory stays flat whatever the index size)."""
+    h = hashlib.blake2b(digest_size=32)
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(chunk), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def verify_checksums(version: Path) -> None:
+    """Check every file of an index version against the checksums recorded when it was saved.
+
+    Raises IndexLoadError naming the first file that is missing, extra or changed (a bit flip, shuffled
+    rows, an edited metadata line, truncation)."""
+    try:
+        recorded = json.loads((version / CHECKSUMS).read_text())["files"]
+    except FileNotFoundError:
+        raise IndexLoadError(f"the index version {version.name} has no {CHECKSUMS} (saved by an older version or "
+                             f"damaged), so it cannot be verified; {REBUILD}") from None
+    except (OSError, ValueError, KeyError, TypeError):
+        raise IndexLoadError(f"the index file {CHECKSUMS} is damaged; {REBUILD}") from None
+    present = {p.name for p in version.iterdir() if p.is_file() and p.name != CHECKSUMS}
+    for name in sorted(present - set(recorded)):
+        raise IndexLoadError(f"the index holds a file its checksums do not list ({name}); {REBUILD}")
+    for name, digest in sorted(recorded.items()):
+        path = version / name
+        if name not in present:
+            raise IndexLoadError(f"the index file {name} is missing; {REBUILD}")
+        if file_checksum(path) != digest:
+            raise IndexLoadError(f"the index file {name} does not match the checksum recorded when it was saved "
+                                 f"(damaged or edited); {REBUILD}")
 
 
 @dataclass
@@ -100,9 +136,14 @@ class GalleryIndex:
         if self.vectors is not None:
             self.vectors.save(tmp)
         (tmp / "meta.json").write_text(json.dumps(self.meta, indent=2, ensure_ascii=False))
-        for p in tmp.iterdir():  # make the files durable before they become visible
+        sums = {}
+        for p in sorted(tmp.iterdir()):  # checksum each file and make it durable before it becomes visible
+            sums[p.name] = file_checksum(p)
             with open(p, "rb") as f:
                 os.fsync(f.fileno())
+        (tmp / CHECKSUMS).write_text(json.dumps({"algorithm": "blake2b", "files": sums}, indent=1))
+        with open(tmp / CHECKSUMS, "rb") as f:
+            os.fsync(f.fileno())
         final = self.folder / name
         os.replace(tmp, final)
         atomic_write_text(self.folder / "CURRENT", name + "\n")
@@ -126,6 +167,7 @@ class GalleryIndex:
         if not current.exists():
             raise IndexLoadError(f"no index at {folder} (CURRENT is missing); build it with `python -m engine index`")
         version = folder / current.read_text().strip()
+        verify_checksums(version)
         meta_path = version / "meta.json"
         try:
             meta = json.loads(meta_path.read_text())
