@@ -84,9 +84,55 @@ def check_header(img: Image.Image, name: str, max_pixels: int = DEFAULT_MAX_PIXE
     if max(w, h) / min(w, h) > max_aspect:
         raise InputError(f"{name} is {w}x{h} pixels; images longer than {max_aspect:g} times their width "
                          "are refused")
-    frames = getattr(img, "n_frames", 1) if getattr(img, "is_animated", False) else 1
+    if img.format == "GIF":  # Pillow's n_frames decodes every frame; count the blocks instead
+        frames = gif_frame_count(img.fp, stop_after=max_frames + 1)
+    else:  # APNG/WebP read the count from a header, TIFF walks its directories: no pixels are decoded
+        frames = getattr(img, "n_frames", 1) if getattr(img, "is_animated", False) else 1
     if frames > max_frames:
-        raise InputError(f"{name} has {frames} frames; the limit is {max_frames}")
+        raise InputError(f"{name} has more than {max_frames} frames; the limit is {max_frames}")
+
+
+def gif_frame_count(fp, stop_after: int = 1 << 30) -> int:
+    """Frames in a GIF, counted by walking its blocks (no LZW decoding); stops once ``stop_after`` is
+    reached. ``fp``'s position is restored."""
+    pos = fp.tell()
+    try:
+        fp.seek(0)
+        head = fp.read(13)
+        if len(head) < 13:
+            return 1
+        if head[10] & 0x80:  # global colour table
+            fp.seek(3 * (2 << (head[10] & 7)), 1)
+        frames = 0
+
+        def skip_sub_blocks():
+            while True:
+                n = fp.read(1)
+                if not n or n[0] == 0:
+                    return
+                fp.seek(n[0], 1)
+
+        while frames < stop_after:
+            b = fp.read(1)
+            if not b or b == b"\x3b":
+                break
+            if b == b"\x21":  # extension: label, then sub-blocks
+                fp.read(1)
+                skip_sub_blocks()
+            elif b == b"\x2c":  # image descriptor
+                desc = fp.read(9)
+                if len(desc) < 9:
+                    break
+                frames += 1
+                if desc[8] & 0x80:
+                    fp.seek(3 * (2 << (desc[8] & 7)), 1)
+                fp.read(1)  # LZW minimum code size
+                skip_sub_blocks()
+            else:
+                break
+        return max(frames, 1)
+    finally:
+        fp.seek(pos)
 
 
 def image_header(path: Union[str, os.PathLike]) -> tuple:
@@ -129,7 +175,7 @@ def load_image(
     name = Path(source).name if not isinstance(source, bytes) else "upload"
     try:
         with warnings.catch_warnings():
-            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # our own limit is checked next
             img = Image.open(io.BytesIO(data))
             check_header(img, name, max_pixels, max_aspect, max_frames)
             img.seek(0)  # first frame of animations
