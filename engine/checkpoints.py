@@ -40,17 +40,105 @@ def read_safetensors_record(path: os.PathLike, key: str, label: str) -> dict:
 
 
 def find_checkpoints(checkpoint_dir: os.PathLike, pattern: str, read_record, fingerprint: str):
-    """[(path, record)] for the readable checkpoints matching ``pattern`` in ``checkpoint_dir`` whose
-    record says they were trained for backbone ``fingerprint``; unreadable files are passed over."""
-    directory = Path(checkpoint_dir)
+    """[(path, record)] for the readable checkpoints matching ``pattern`` on the search path (see
+    :func:`resolve`) whose record says they were trained for backbone ``fingerprint``, best first."""
+    return resolve(pattern, read_record, fingerprint, checkpoint_dir)
+
+
+# -- the one checkpoint layer: naming and discovery ---------------------------------------------------------
+#
+# Every learned part (Context-I2W, RTIC, RTIC+GCN, LAttQE, ICS heads) is stored as
+# ``<part>-<backbone slug>[-<variant>].safetensors`` with a ``.json`` sidecar holding the same record, and is
+# found by :func:`resolve`: the folders of the search path (:func:`search_dirs`) are read in order, each file
+# matching the part's name pattern is kept when its record says it was trained for the live backbone's
+# fingerprint, and several fitting files are ordered by the tie rule
+#     1. search-path position (CIS_CHECKPOINTS entries in the order given, then the cache of prepared
+#        checkpoints, then the bundled assets/checkpoints),
+#     2. the part's variant priority (e.g. plain RTIC before RTIC+GCN),
+#     3. the file name.
+# File modification times and stored held-out (test-split) figures never take part in the choice.
+
+ENV_VAR = "CIS_CHECKPOINTS"
+
+
+def bundled_dir() -> Path:
+    """The checkpoints shipped with the repository."""
+    from .config import ASSETS
+
+    return ASSETS / "checkpoints"
+
+
+def prepared_dir(create: bool = False) -> Path:
+    """Where ``python -m engine prepare`` and the Space's background prepare put checkpoints by default
+    (inside the cache dir, so a mounted persistent volume keeps them between starts)."""
+    from .config import cache_dir
+
+    path = cache_dir() / "checkpoints"
+    if create:
+        path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def slug(name: str) -> str:
+    """File-name form of a backbone name or fingerprint (the ``@hash`` part of a fingerprint is dropped)."""
+    import re
+
+    base = str(name).split("@", 1)[0]
+    return re.sub(r"[^A-Za-z0-9]+", "-", base).strip("-").lower() or "backbone"
+
+
+def file_name(part: str, backbone: str, variant: Optional[str] = None) -> str:
+    """``<part>-<backbone slug>[-<variant>].safetensors``; ``backbone`` is a backbone name or fingerprint."""
+    tail = f"-{slug(variant)}" if variant else ""
+    return f"{part}-{slug(backbone)}{tail}.safetensors"
+
+
+def search_dirs(checkpoint_dir=None) -> list:
+    """The folders searched, in order: ``checkpoint_dir`` (default: ``CIS_CHECKPOINTS``; several folders may
+    be given separated by ``os.pathsep``), then :func:`prepared_dir`, then :func:`bundled_dir`; duplicates
+    are dropped, keeping their first position."""
+    raw = checkpoint_dir if checkpoint_dir not in (None, "") else os.environ.get(ENV_VAR, "")
+    entries = [str(p) for p in raw] if isinstance(raw, (list, tuple)) else str(raw).split(os.pathsep)
+    dirs = [Path(e) for e in entries if e.strip()]
+    dirs += [prepared_dir(), bundled_dir()]
+    out, seen = [], set()
+    for d in dirs:
+        key = os.path.normcase(os.path.abspath(d))
+        if key not in seen:
+            seen.add(key)
+            out.append(d)
+    return out
+
+
+def resolve(patterns, read_record, fingerprint: Optional[str], checkpoint_dir=None,
+            fingerprint_key: str = "backbone_fingerprint", variant_rank=None, accept=None) -> list:
+    """[(path, record)] of the checkpoints fitting ``fingerprint`` (all readable ones when None), best first.
+
+    ``patterns``: glob(s) of the part's ``.safetensors`` files; ``read_record(path)`` returns its record or
+    raises CheckpointError (such files are passed over); ``variant_rank(record)`` gives the variant priority
+    (lower first); ``accept(record)`` may drop further misfits (e.g. another embedding size)."""
+    if isinstance(patterns, str):
+        patterns = [patterns]
     found = []
-    if not directory.is_dir():
-        return found
-    for path in sorted(directory.glob(pattern)):
-        try:
-            record = read_record(path)
-        except CheckpointError:
+    for position, directory in enumerate(search_dirs(checkpoint_dir)):
+        if not Path(directory).is_dir():
             continue
-        if record.get("backbone_fingerprint") == fingerprint:
-            found.append((path, record))
-    return found
+        names = sorted({p for pat in patterns for p in Path(directory).glob(pat) if p.is_file()})
+        for path in names:
+            try:
+                record = read_record(path)
+            except CheckpointError:
+                continue
+            if fingerprint is not None and record.get(fingerprint_key) != fingerprint:
+                continue
+            if accept is not None and not accept(record):
+                continue
+            rank = variant_rank(record) if variant_rank else 0
+            found.append(((position, rank, path.name), path, record))
+    found.sort(key=lambda t: t[0])
+    return [(path, record) for _, path, record in found]
+
+
+def describe_search_path(checkpoint_dir=None) -> str:
+    """The searched folders for messages (names relative to nothing; just as configured)."""
+    return os.pathsep.join(str(d) for d in search_dirs(checkpoint_dir))

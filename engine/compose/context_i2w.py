@@ -45,8 +45,7 @@ import torch.nn.functional as F
 from ..errors import CheckpointError, InputError
 from .base import COMPOSERS, Composer, ComposerUnavailable, Composition, Query, normalise
 from ..fileio import atomic_write_text as _atomic_write_text
-from ..checkpoints import find_checkpoints as _find_checkpoints
-from ..checkpoints import read_safetensors_record, require_backbone
+from ..checkpoints import read_safetensors_record, require_backbone, resolve
 
 CHECKPOINT_GLOB = "context_i2w*.safetensors"
 FORMAT_VERSION = 1
@@ -323,8 +322,9 @@ def load_checkpoint(path: os.PathLike, fingerprint: Optional[str] = None) -> Tup
 
 
 def find_checkpoints(checkpoint_dir: os.PathLike, fingerprint: str) -> List[Tuple[Path, dict]]:
-    """Readable Context-I2W checkpoints in ``checkpoint_dir`` trained for ``fingerprint``."""
-    return _find_checkpoints(checkpoint_dir, CHECKPOINT_GLOB, read_checkpoint_record, fingerprint)
+    """Readable Context-I2W checkpoints on the search path (engine.checkpoints) trained for ``fingerprint``,
+    best first by the layer's tie rule (search-path position, then file name)."""
+    return resolve(CHECKPOINT_GLOB, read_checkpoint_record, fingerprint, checkpoint_dir)
 
 
 # -- the authors' checkpoint (IM2TEXT_OWM_Attn) -----------------------------------------------------------

@@ -36,8 +36,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..errors import CheckpointError
-from ..checkpoints import find_checkpoints as _find_checkpoints
-from ..checkpoints import read_safetensors_record, require_backbone
+from ..checkpoints import read_safetensors_record, require_backbone, resolve
 from .base import COMPOSERS, Composer, ComposerUnavailable, Composition, Query, normalise
 
 CHECKPOINT_GLOB = "rtic*.safetensors"
@@ -227,8 +226,11 @@ def load_checkpoint(path: os.PathLike, fingerprint: Optional[str] = None) -> Tup
 
 
 def find_checkpoints(checkpoint_dir: os.PathLike, fingerprint: str) -> List[Tuple[Path, dict]]:
-    """All readable RTIC checkpoints in ``checkpoint_dir`` trained for ``fingerprint``."""
-    return _find_checkpoints(checkpoint_dir, CHECKPOINT_GLOB, read_checkpoint_record, fingerprint)
+    """All readable RTIC checkpoints on the search path (engine.checkpoints) trained for ``fingerprint``,
+    best first: search-path position, then plain RTIC before RTIC+GCN (never by stored test-split numbers),
+    then file name."""
+    return resolve(CHECKPOINT_GLOB, read_checkpoint_record, fingerprint, checkpoint_dir,
+                   variant_rank=lambda r: 0 if r.get("variant", "rtic") == "rtic" else 1)
 
 
 def checkpoint_name(backbone_name: str, variant: str = "rtic") -> str:
@@ -295,11 +297,8 @@ def load_rtic_composer(backbone, checkpoint_dir=None, variant: Optional[str] = N
             f"no RTIC checkpoint for {backbone.name} in {checkpoint_dir}; train one with "
             f"python -m engine train rtic --data cir"
         )
-    def rank(pr):  # plain RTIC first: picking by stored held-out (test) numbers would tune on the test split
-        return (pr[1].get("variant", "rtic") == "rtic", pr[0].name)
+    path, _ = found[0]  # the layer's tie rule: search path, plain RTIC first, name
 
-    found.sort(key=rank, reverse=True)
-    path, _ = found[0]
     model, record = load_checkpoint(path, backbone.fingerprint)
     record["file"] = path.name
     return RTICComposer(backbone, model, record)

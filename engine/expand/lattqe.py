@@ -30,7 +30,7 @@ from torch import nn
 from ..errors import CheckpointError, InputError
 from .base import EXPANDERS, Expander, ExpanderUnavailable, Expansion
 from .baselines import check_inputs
-from ..checkpoints import require_backbone
+from ..checkpoints import require_backbone, resolve
 from ..fileio import atomic_write_bytes as _atomic_write_bytes
 
 
@@ -188,22 +188,14 @@ def load_lattqe(path: Path, fingerprint: Optional[str] = None, device: str = "cp
 
 def find_checkpoints(checkpoint_dir, fingerprint: Optional[str] = None, embed_dim: Optional[int] = None
                      ) -> List[Path]:
-    """Checkpoint JSON files ``lattqe*.json`` in ``checkpoint_dir`` matching fingerprint / dim."""
-    if not checkpoint_dir or not Path(checkpoint_dir).is_dir():
-        return []
-    hits = []
-    for j in sorted(Path(checkpoint_dir).glob("lattqe*.json")):
-        try:
-            rec = read_record(j)
-        except CheckpointError:
-            continue
-        if fingerprint is not None and rec.get("fingerprint") != fingerprint:
-            continue
-        if embed_dim is not None and int(rec.get("embed_dim", -1)) != int(embed_dim):
-            continue
-        if j.with_suffix(".safetensors").is_file():
-            hits.append(j)
-    return hits
+    """Sidecar JSON files of the LAttQE checkpoints on the search path (engine.checkpoints) matching
+    fingerprint / dim, best first by the layer's tie rule (search-path position, then file name)."""
+    def record_of(weights: Path) -> Dict[str, Any]:
+        return read_record(weights.with_suffix(".json"))
+
+    hits = resolve("lattqe*.safetensors", record_of, fingerprint, checkpoint_dir, fingerprint_key="fingerprint",
+                   accept=lambda r: embed_dim is None or int(r.get("embed_dim", -1)) == int(embed_dim))
+    return [p.with_suffix(".json") for p, _ in hits]
 
 
 # -- the expander ------------------------------------------------------------------------------
@@ -238,7 +230,7 @@ class LAttQEExpander(Expander):
 
 @EXPANDERS.register("lattqe")
 def make_lattqe(embed_dim=None, checkpoint_dir=None, fingerprint=None, **_):
-    """LAttQE from the newest matching checkpoint in ``checkpoint_dir``; ExpanderUnavailable if none."""
+    """LAttQE from the first matching checkpoint on the search path; ExpanderUnavailable if none."""
     hits = find_checkpoints(checkpoint_dir, fingerprint, embed_dim)
     if not hits:
         where = Path(checkpoint_dir).name if checkpoint_dir else "no checkpoint folder"
@@ -246,7 +238,7 @@ def make_lattqe(embed_dim=None, checkpoint_dir=None, fingerprint=None, **_):
             f"no LAttQE checkpoint for backbone {fingerprint or '?'} ({embed_dim or '?'}-d) in {where}; "
             "train one with `python -m engine train lattqe`"
         )
-    best = max(hits, key=lambda p: p.stat().st_mtime)
+    best = hits[0]  # the layer's tie rule, never file mtime
     try:
         model, record = load_lattqe(best, fingerprint=fingerprint)
     except CheckpointError as exc:

@@ -23,7 +23,10 @@ from typing import Dict, Optional, Sequence
 
 import numpy as np
 
-from .ics import ICSConfig, ITQHasher, LSHHasher, labels_to_matrix, map_at_n, train_ics
+from ..eval.metrics import map_at_n
+from ..train.ics import train_ics
+from .ics import ICSConfig, labels_to_matrix
+from .ics_baselines import ITQHasher, LSHHasher
 from .ics_index import CompactBinaryIndex, candidate_recall, exact_top
 
 

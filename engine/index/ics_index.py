@@ -6,7 +6,7 @@ hasher, takes the top ``rerank`` (R) candidates by Hamming distance and orders t
 inner product with their stored embeddings.
 
 Registered index types ``ics-16``, ``ics-32``, ``ics-64``, ``ics-128`` load the trained ICS hash head
-``<checkpoint_dir>/ics-<K>.safetensors`` (see :mod:`engine.index.ics`), refusing a checkpoint made for
+``ics-<K>-<backbone slug>.safetensors`` found by :mod:`engine.checkpoints` (see :mod:`engine.index.ics`), refusing a checkpoint made for
 another backbone. :class:`LSHIndex` (random projections, untrained) is the same index with an LSH
 hasher, kept for comparisons (docs, benchmark) and not offered as a product index type.
 
@@ -23,7 +23,9 @@ from typing import Optional
 import numpy as np
 
 from ..errors import CheckpointError, IndexLoadError, InputError
-from .ics import SUPPORTED_BITS, Hasher, LSHHasher, checkpoint_path, load_ics
+from ..checkpoints import describe_search_path, resolve
+from .ics import SUPPORTED_BITS, Hasher, load_ics
+from .ics_baselines import LSHHasher
 from .vectors import VECTOR_INDEXES, VectorIndex
 from ..fileio import atomic_save_npy as _atomic_save_npy
 from ..fileio import atomic_write_text as _atomic_write_text
@@ -187,17 +189,49 @@ def default_checkpoint_dir() -> Path:
     return Path(Settings().checkpoints)
 
 
+def _ics_record(path: Path) -> dict:
+    """kind / fingerprint / bits / dim from an ICS file's metadata, without loading tensors."""
+    import json
+
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            meta = f.metadata() or {}
+        config = json.loads(meta["config"])
+        if meta.get("kind") != "ics":
+            raise ValueError("not an ICS checkpoint")
+        return {"fingerprint": meta.get("fingerprint", ""), "bits": int(config["bits"]), "dim": int(config["dim"])}
+    except Exception as exc:
+        raise CheckpointError(f"{path.name}: unreadable ICS checkpoint ({exc.__class__.__name__})") from None
+
+
+def find_ics_checkpoints(bits: int, checkpoint_dir=None, fingerprint: Optional[str] = None,
+                         dim: Optional[int] = None) -> list:
+    """[(path, record)] of the ``bits``-bit ICS heads on the search path (engine.checkpoints) made for
+    ``fingerprint`` and ``dim``, best first (search-path position, then file name). Files are named
+    ``ics-<K>-<backbone slug>.safetensors``; the older ``ics-<K>.safetensors`` is still read."""
+    return resolve([f"ics-{int(bits)}.safetensors", f"ics-{int(bits)}-*.safetensors"], _ics_record, fingerprint,
+                   checkpoint_dir, fingerprint_key="fingerprint",
+                   accept=lambda r: r["bits"] == int(bits) and (dim is None or r["dim"] == int(dim)))
+
+
 def make_ics_index(bits: int, dim: int, n: int = 0, checkpoint_dir=None, fingerprint: Optional[str] = None,
                    rerank: int = DEFAULT_RERANK, **options) -> CompactBinaryIndex:
-    """Factory behind ``ics-<bits>``: loads ``ics-<bits>.safetensors`` (CheckpointError when missing,
-    damaged, made for another backbone fingerprint or embedding size)."""
-    folder = Path(checkpoint_dir) if checkpoint_dir else default_checkpoint_dir()
-    path = checkpoint_path(folder, bits)
-    if not path.is_file():
+    """Factory behind ``ics-<bits>``: loads the ICS head for the backbone found by the checkpoint layer
+    (CheckpointError when missing, damaged, made for another backbone fingerprint or embedding size)."""
+    folder = checkpoint_dir if checkpoint_dir else default_checkpoint_dir()
+    found = find_ics_checkpoints(bits, folder, fingerprint, dim)
+    if not found:
+        others = find_ics_checkpoints(bits, folder, None, None)
+        if others:  # load one to say why it does not fit (other backbone / size)
+            load_ics(others[0][0], fingerprint=fingerprint, dim=dim)
         raise CheckpointError(
-            f"index type ics-{bits} needs a trained hash head {path.name} in {folder}, which is missing; "
-            f"train it with `python -m engine train ics --bits {bits}` (docs/ics.md) or pick another index type"
+            f"index type ics-{bits} needs a trained hash head ics-{bits}-<backbone>.safetensors for this backbone "
+            f"in {describe_search_path(folder)}, which is missing; train it with "
+            f"`python -m engine train ics --bits {bits}` (docs/ics.md) or pick another index type"
         )
+    path = found[0][0]
     model = load_ics(path, fingerprint=fingerprint, dim=dim)
     if model.bits != bits:
         raise CheckpointError(f"{path.name} holds a {model.bits}-bit hash head, not {bits} bits")
@@ -224,15 +258,8 @@ def candidate_recall(hasher: Hasher, vectors: np.ndarray, queries: np.ndarray, r
 
 def available_ics_types(checkpoint_dir=None, fingerprint: Optional[str] = None, dim: Optional[int] = None) -> list:
     """The ``ics-K`` index types whose checkpoint exists and fits this backbone (fingerprint, embedding size)."""
-    folder = Path(checkpoint_dir) if checkpoint_dir else default_checkpoint_dir()
-    found = []
-    for bits in SUPPORTED_BITS:
-        try:
-            load_ics(checkpoint_path(folder, bits), fingerprint=fingerprint, dim=dim)
-        except CheckpointError:
-            continue
-        found.append(f"ics-{bits}")
-    return found
+    folder = checkpoint_dir if checkpoint_dir else default_checkpoint_dir()
+    return [f"ics-{bits}" for bits in SUPPORTED_BITS if find_ics_checkpoints(bits, folder, fingerprint, dim)]
 
 
 def _register() -> None:

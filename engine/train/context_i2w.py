@@ -33,7 +33,7 @@ import os
 import random
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -124,7 +124,9 @@ def load_pairs(spec: str, split: str = "train", image_root: Optional[str] = None
     """``captions`` (offline set, one split), a pair file, or a CC3M-style folder."""
     if spec == "captions":
         from ..data import formats
+        from ..data.builders import ensure_built
 
+        ensure_built("captions")  # the explicit build step (quick when built)
         records = formats.load_split("captions", split)
         return _pairs_from_records(records, formats.image_root("captions"), f"captions/{split}")
     path = Path(spec)
@@ -431,18 +433,19 @@ def train_mapper(backbone, mapper: ContextI2WMapper, feats: PairFeatures, cfg: T
 def _recall(scores: np.ndarray, targets: Sequence[Sequence[int]], ks: Sequence[int],
             exclude: Optional[Sequence[int]] = None) -> Dict[str, float]:
     """R@K (percent): a query counts when any of its targets ranks in the top K (``exclude`` removed)."""
-    scores = np.array(scores, dtype=np.float64)
+    from ..eval.metrics import first_hit_ranks, recall_from_ranks
+
+    scores = np.asarray(scores, dtype=np.float64)
+    positive = np.zeros(scores.shape, dtype=bool)
+    for i, ts in enumerate(targets):
+        positive[i, list(ts)] = True
+    excluded = None
     if exclude is not None:
+        excluded = np.zeros(scores.shape, dtype=bool)
         for i, e in enumerate(exclude):
             if e is not None and e >= 0:
-                scores[i, e] = -np.inf
-    order = np.argsort(-scores, axis=1, kind="stable")
-    ranks = []
-    for i, ts in enumerate(targets):
-        pos = np.where(np.isin(order[i], list(ts)))[0]
-        ranks.append(pos.min() if pos.size else np.inf)
-    ranks = np.asarray(ranks, dtype=float)
-    return {f"R@{k}": float((ranks < k).mean() * 100.0) for k in ks}
+                excluded[i, e] = True
+    return recall_from_ranks(first_hit_ranks(scores, positive, excluded), ks)
 
 
 @torch.no_grad()
@@ -635,7 +638,9 @@ def _mapper_config(args, backbone) -> ContextI2WConfig:
 def cir_queries(split: str) -> Dict[str, Tuple[List[dict], List[str]]]:
     """The offline ``cir`` set's split as {gallery name: (triplets, gallery image paths)}."""
     from ..data import formats
+    from ..data.builders import ensure_built
 
+    ensure_built("cir")  # the explicit build step (quick when built)
     groups: Dict[str, Tuple[List[dict], List[str]]] = {}
     for r in formats.load_split("cir", split):
         ts = r.get("targets", r.get("target"))

@@ -1,0 +1,94 @@
+"""The one checkpoint layer: naming, search path order, tie rule, shipped checkpoints found."""
+import json
+import os
+
+import numpy as np
+import pytest
+
+from engine import checkpoints as ck
+from engine.config import ASSETS
+
+
+def _write(path, record):
+    """A stand-in checkpoint: any file whose record the reader below returns."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"x")
+    path.with_suffix(".json").write_text(json.dumps(record))
+
+
+def _read(path):
+    return json.loads(path.with_suffix(".json").read_text())
+
+
+def test_names_follow_part_slug_variant():
+    assert ck.slug("packaged:efficientnet-lite0+all-MiniLM-L6-v2@7c0e") == "packaged-efficientnet-lite0-all-minilm-l6-v2"
+    assert ck.file_name("rtic", "open_clip:ViT-B-32@abc") == "rtic-open-clip-vit-b-32.safetensors"
+    assert ck.file_name("ics-64", "tiny:a@1", "gcn") == "ics-64-tiny-a-gcn.safetensors"
+
+
+def test_search_path_order_env_then_cache_then_bundled(tmp_path, monkeypatch):
+    a, b = tmp_path / "a", tmp_path / "b"
+    monkeypatch.setenv("CIS_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("CIS_CHECKPOINTS", os.pathsep.join([str(a), str(b)]))
+    dirs = ck.search_dirs()
+    assert dirs == [a, b, tmp_path / "cache" / "checkpoints", ASSETS / "checkpoints"]
+    # an explicit folder replaces the environment's; the bundled folder is listed once
+    assert ck.search_dirs(str(ASSETS / "checkpoints")) == [ASSETS / "checkpoints", tmp_path / "cache" / "checkpoints"]
+
+
+def test_resolution_order_and_tie_rule(tmp_path, monkeypatch):
+    monkeypatch.setenv("CIS_CACHE_DIR", str(tmp_path / "cache"))
+    a, b = tmp_path / "a", tmp_path / "b"
+    cache = tmp_path / "cache" / "checkpoints"
+    _write(cache / "part-bb.safetensors", {"fp": "bb@1", "variant": "main"})
+    _write(b / "part-bb.safetensors", {"fp": "bb@1", "variant": "main"})
+    _write(b / "part-bb-alt.safetensors", {"fp": "bb@1", "variant": "alt"})
+    _write(a / "part-zz.safetensors", {"fp": "bb@1", "variant": "alt"})
+    _write(a / "part-other.safetensors", {"fp": "other@1", "variant": "main"})
+    _write(a / "part-aa.safetensors", {"fp": "bb@1", "variant": "alt"})
+    (a / "part-bad.safetensors").write_bytes(b"x")  # unreadable record: passed over
+    (a / "part-bad.json").write_text("{")
+    rank = {"main": 0, "alt": 1}
+
+    def read(p):
+        try:
+            return _read(p)
+        except ValueError:
+            raise ck.CheckpointError("bad") from None
+
+    # make the newest file the worst by the rule: mtime must not matter
+    os.utime(cache / "part-bb.safetensors", (4e9, 4e9))
+    found = ck.resolve("part-*.safetensors", read, "bb@1", os.pathsep.join([str(a), str(b)]), fingerprint_key="fp",
+                       variant_rank=lambda r: rank[r["variant"]])
+    names = [(p.parent.name, p.name) for p, _ in found]
+    assert names == [("a", "part-aa.safetensors"), ("a", "part-zz.safetensors"),  # first folder, then name
+                     ("b", "part-bb.safetensors"), ("b", "part-bb-alt.safetensors"),  # variant before name
+                     ("checkpoints", "part-bb.safetensors")]  # the cache after CIS_CHECKPOINTS
+    assert ck.resolve("part-*.safetensors", read, "none@0", str(a), fingerprint_key="fp") == []
+
+
+def test_shipped_packaged_checkpoints_are_found(tmp_path, monkeypatch):
+    """Every shipped learned part resolves for the packaged backbone's fingerprint through the layer."""
+    from engine.compose.context_i2w import find_checkpoints as find_ci2w
+    from engine.compose.rtic import find_checkpoints as find_rtic
+    from engine.expand.lattqe import find_checkpoints as find_lattqe
+    from engine.index.ics_index import available_ics_types, find_ics_checkpoints, make_ics_index
+
+    monkeypatch.setenv("CIS_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("CIS_CHECKPOINTS", str(tmp_path / "empty"))
+    fp = json.loads((ASSETS / "checkpoints" / "ics-64-packaged-efficientnet-lite0-all-minilm-l6-v2.json")
+                    .read_text())["fingerprint"]
+    assert [p.name for p, _ in find_ci2w(None, fp)] == ["context_i2w-packaged-efficientnet-lite0-all-minilm-l6-v2.safetensors"]
+    assert [p.name for p, _ in find_rtic(None, fp)] == ["rtic-packaged-efficientnet-lite0-all-minilm-l6-v2.safetensors",
+                                                         "rtic-gcn-packaged-efficientnet-lite0-all-minilm-l6-v2.safetensors"]
+    assert [p.name for p in find_lattqe(None, fp, 384)] == ["lattqe-packaged-efficientnet-lite0-all-minilm-l6-v2.json"]
+    assert available_ics_types(None, fp, 384) == ["ics-16", "ics-32", "ics-64", "ics-128"]
+    assert available_ics_types(None, "tiny:x@0", 384) == []
+    (path, _), = find_ics_checkpoints(64, None, fp, 384)
+    assert path.name == "ics-64-packaged-efficientnet-lite0-all-minilm-l6-v2.safetensors"
+    idx = make_ics_index(64, 384, 3, fingerprint=fp)
+    x = np.random.default_rng(0).normal(size=(3, 384)).astype(np.float32)
+    idx.build(x / np.linalg.norm(x, axis=1, keepdims=True))
+    assert idx.search(x[:1], 1)[1][0, 0] == 0
+    with pytest.raises(ck.CheckpointError, match="ics-64-packaged"):
+        make_ics_index(64, 384, 3, fingerprint="tiny:x@0")
