@@ -37,7 +37,7 @@ def plain_message(exc: BaseException) -> str:
     msg = " ".join(msg.split())
     if len(msg) > 300:
         msg = msg[:297] + "..."
-    return msg[:1].upper() + msg[1:] if msg else GENERIC_ERROR
+    return msg or GENERIC_ERROR
 
 
 def user_errors(fn):

@@ -367,5 +367,40 @@ def test_unexpected_errors_become_one_generic_sentence_with_no_path():
     assert info.value.message == h.GENERIC_ERROR
     with pytest.raises(gr.Error) as info:
         h.user_errors(lambda: (_ for _ in ()).throw(ILE("index file /srv/data/idx/v-1/embeddings.npy is damaged")))()
-    assert info.value.message == "Index file embeddings.npy is damaged"
+    assert info.value.message == "index file embeddings.npy is damaged"
     assert "show_error=False" in (ROOT / "app.py").read_text()
+
+
+def test_a_share_link_with_a_huge_number_gets_one_plain_sentence(gallery_engine, monkeypatch):
+    from types import SimpleNamespace
+
+    from demo import handlers as h
+
+    shown = []
+    monkeypatch.setattr(h.gr, "Warning", lambda msg, *a, **k: shown.append(msg))
+    request = SimpleNamespace(query_params={"image": "gallery:" + "9" * 5000, "text": "red"})
+    out = h.restore_from_url(gallery_engine, [], request)
+    assert len(out) == h.N_RESTORE_OUTPUTS and len(shown) == 1
+    assert shown[0].startswith("Could not open this link: ") and "4300" not in shown[0] and len(shown[0]) < 200
+
+
+# -- point 7: one upload at a time, and the next uploader sees where it stands ------------------------
+def test_the_next_uploader_is_told_its_queue_position(app_server, tmp_path, monkeypatch):
+    from gradio_client import Client, handle_file
+    from gradio_client.utils import Status
+
+    monkeypatch.setenv("CIS_CACHE_DIR", str(tmp_path / "cache"))
+    big = _tiny_zip(tmp_path / "big.zip", 60)
+    small = _tiny_zip(tmp_path / "small.zip", 2)
+    first = Client(app_server, verbose=False).submit(handle_file(str(big)), "auto", api_name="/index_zip")
+    while first.status().code not in (Status.PROCESSING, Status.PROGRESS, Status.FINISHED):  # until it runs
+        time.sleep(0.05)
+    second = Client(app_server, verbose=False).submit(handle_file(str(small)), "auto", api_name="/index_zip")
+    seen = []
+    while not second.done():
+        st = second.status()
+        if st.code == Status.IN_QUEUE and st.rank is not None:
+            seen.append((st.rank, st.queue_size))
+        time.sleep(0.05)
+    assert "**60**" in first.result() and "**2**" in second.result()
+    assert seen and seen[0][0] == 0, seen  # "queue: 1/…" (rank 0 = next in line) while the first upload ran
