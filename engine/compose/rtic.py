@@ -43,6 +43,9 @@ CHECKPOINT_GLOB = "rtic*.safetensors"
 FORMAT_VERSION = 1
 
 
+LEGACY_NEGATIVE_SLOPE = 0.2  # the slope of checkpoints whose config does not record one
+
+
 @dataclass
 class RTICConfig:
     """Architecture of one RTIC model (stored in every checkpoint)."""
@@ -52,7 +55,8 @@ class RTICConfig:
     n_blocks: int = 4
     inner_skip: bool = True
     gating: bool = True
-    negative_slope: float = 0.2  # LeakyReLU slope
+    # LeakyReLU slope: PyTorch's default 0.01, as in the authors' code (the paper's Table 6 gives none).
+    negative_slope: float = 0.01
     text_proj: bool = False
     image_proj: bool = False
     init_temperature: float = 10.0  # initial logit scale of the DML loss (learnable)
@@ -68,7 +72,10 @@ class RTICConfig:
     @classmethod
     def from_dict(cls, data: dict) -> "RTICConfig":
         known = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in known})
+        values = {k: v for k, v in data.items() if k in known}
+        # checkpoints written before the slope was recorded were trained with 0.2
+        values.setdefault("negative_slope", LEGACY_NEGATIVE_SLOPE)
+        return cls(**values)
 
 
 class Fusion(nn.Module):

@@ -11,7 +11,6 @@ Nothing is tuned on the test split: checkpoints are chosen on validation splits 
 from __future__ import annotations
 
 import argparse
-import importlib
 import time
 from pathlib import Path
 from typing import Dict, List, Optional
@@ -20,6 +19,7 @@ import numpy as np
 import torch
 
 from ..config import ROOT, Settings
+from ..plugins import load_plugin
 from .metrics import first_hit_ranks, recall_from_ranks
 
 KS = (1, 5, 10, 50)
@@ -269,12 +269,7 @@ def main(argv=None) -> int:
     for name in sections:
         if name == "cir":
             continue
-        mod, _, attr = EXTRA_SECTIONS[name].partition(":")
-        try:
-            fn = getattr(importlib.import_module(mod), attr)
-        except (ImportError, AttributeError) as exc:
-            print(f"[eval] skipping {name}: {exc}")
-            continue
+        fn = load_plugin(EXTRA_SECTIONS[name])  # a broken section module fails the run loudly
         print(f"[eval] {name}", flush=True)
         md, data = fn(args, {"backbone": backbone, "settings": settings, "img_dir": img_dir})
         parts.append(f"## {name}\n\n{md}")

@@ -475,6 +475,9 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--no-gate", action="store_true")
     ap.add_argument("--text-proj", action="store_true")
     ap.add_argument("--image-proj", action="store_true")
+    ap.add_argument("--leaky-slope", type=float, default=RTICConfig.negative_slope,
+                    help="LeakyReLU negative slope (default 0.01, PyTorch's default as in the authors' code); "
+                         "recorded in the checkpoint")
     # training
     d = TrainConfig()
     for name in ("epochs", "batch_size", "step_every", "gcn_layers", "seed", "gcn_epochs", "gcn_batch_size"):
@@ -533,7 +536,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             test = embed_triplets(backbone, test_trips, progress=progress, gallery=[p for p, _ in test_gallery])
     model_cfg = RTICConfig(
         dim=train.dim, n_blocks=args.n_blocks, inner_skip=not args.no_inner_skip, gating=not args.no_gate,
-        text_proj=args.text_proj, image_proj=args.image_proj,
+        text_proj=args.text_proj, image_proj=args.image_proj, negative_slope=args.leaky_slope,
     )
     slug = checkpoint_name(backbone_name).removeprefix("rtic-").removesuffix(".safetensors")
     run_dir = Path(args.run_dir) if args.run_dir else ROOT / "runs" / "rtic" / f"{args.data}-{slug}"
