@@ -25,6 +25,7 @@ EXTRA_SECTIONS: Dict[str, str] = {
     "expanders": "engine.expand.evaluate:bench_section",
     "ics": "engine.index.ics_bench:bench_section",
     "context-i2w": "engine.train.context_i2w:bench_section",
+    "integrity": "engine.index.store:bench_section",
 }
 
 
