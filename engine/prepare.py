@@ -170,11 +170,11 @@ def _argv(part: str, spec: str, device: str, out: Path, run_dir: Path, units: in
 MODULES = {"context-i2w": "engine.train.context_i2w", "rtic": "engine.train.rtic",
            "lattqe": "engine.train.lattqe", "ics": "engine.train.ics"}
 # probe sizes and how units scale: (probe units, full-size units, callable(units_budget) -> units)
-PROBE = {"context-i2w": (128, 1), "rtic": (1,), "lattqe": (1, 128), "ics": (2,)}
+PROBE = {"context-i2w": (128, 1), "rtic": (1,), "lattqe": (1, 128), "ics": (5,)}
 _BB: Dict[str, object] = {}
 
 
-SAFETY = 0.6  # plan 60 % of the share: the machine's load can change between the probe and the run
+SAFETY = 0.5  # plan 50 % of the share: the machine's load can change between the probe and the run
 
 
 def plan_units(part: str, probe_units, probe_s: float, seconds: float, small: bool) -> tuple:
@@ -194,7 +194,7 @@ def plan_units(part: str, probe_units, probe_s: float, seconds: float, small: bo
         total = int(left / per_q)
         queries = max(128, min(2048, total // 4))
         return max(1, min(40, total // queries)), queries
-    return (max(5, min(100, int(left / probe_s * probe_units[0]))),)
+    return (max(5, min(60, int(left / probe_s * probe_units[0]))),)
 
 
 def _held_out(part: str, sidecar: dict) -> str:
