@@ -12,5 +12,5 @@ if __name__ == "__main__":
         allowed_paths=allowed_paths(demo.cis_engine),
         max_file_size=f"{int(float(os.environ.get('CIS_MAX_ZIP_MB', '200')))}mb",
         css=__import__("demo.ui", fromlist=["CSS"]).CSS,
-        show_error=True,
+        show_error=False,  # unexpected errors show a plain sentence (demo/handlers.py user_errors)
     )

@@ -20,8 +20,24 @@ LABELS = {
 EXPANDER_LABELS = {"lattqe": "LAttQE", "aqe": "AQE", "aqewd": "AQEwD", "alpha-qe": "α-QE", "none": "None"}
 
 
+_MD_SPECIAL = {c: f"&#{ord(c)};" for c in "\\`*_{}[]()#+-!|~:@."}
+_MD_TABLE = str.maketrans(_MD_SPECIAL)
+
+
 def esc(text) -> str:
-    return html.escape(str(text if text is not None else ""), quote=True)
+    """User or file text made inert in both HTML and Markdown: HTML is escaped, and every character that
+    Markdown could read as syntax (links, images, emphasis, code, tables, autolinks via ``:`` and ``@``)
+    becomes a numeric character reference, which renders as the character itself."""
+    return html.escape(str(text if text is not None else ""), quote=True).translate(_MD_TABLE)
+
+
+def code(text) -> str:
+    """Text shown as code: a Markdown code span for plain names (``ics-64``), an escaped ``<code>``
+    element for anything holding characters a code span would not make inert."""
+    text = " ".join(str(text if text is not None else "").split())
+    if re.fullmatch(r"[\w.:/+@=,() -]*", text):
+        return f"`{text}`"
+    return f"<code>{esc(text)}</code>"
 
 
 def method_choices(engine: SearchEngine) -> List[Tuple[str, str]]:
@@ -48,8 +64,22 @@ def result_caption(r) -> str:
     return cap
 
 
-def gallery_items(engine: SearchEngine, resp: SearchResponse):
-    return [(str(engine.index.display_path(r.id)), result_caption(r)) for r in resp.results]
+def gallery_items(engine: SearchEngine, resp: SearchResponse, thumbs_only: bool = False):
+    """(image, caption) per result. ``thumbs_only`` (uploaded galleries, whose folder is not served):
+    the thumbnail's pixels, which Gradio copies into its own cache; the session folder stays private."""
+    if not thumbs_only:
+        return [(str(engine.index.display_path(r.id)), result_caption(r)) for r in resp.results]
+    from PIL import Image
+
+    out = []
+    for r in resp.results:
+        thumb = engine.index.thumb_path(r.id)
+        if not thumb.exists():
+            continue
+        with Image.open(thumb) as im:
+            im.load()
+            out.append((im.copy(), result_caption(r)))
+    return out
 
 
 def explanation_markdown(resp: SearchResponse) -> str:
@@ -103,7 +133,7 @@ def index_markdown(engine: SearchEngine) -> str:
     """``N images, index `type`, B bytes per image ...`` (compact indexes also name their re-rank stage)."""
     st = engine.index.stats()
     vi = st.get("vector_index", {})
-    text = (f"{st['items']} images, index `{esc(vi.get('type', st['index_type']))}`, "
+    text = (f"{st['items']} images, index {code(vi.get('type', st['index_type']))}, "
             f"{vi.get('bytes_per_item', 0):g} bytes per image in the vector index")
     if "rerank" in vi:
         text += (f" (binary codes; the top {vi['rerank']} by Hamming distance are re-ranked with float16 "
@@ -113,7 +143,7 @@ def index_markdown(engine: SearchEngine) -> str:
 
 def backbone_markdown(engine: SearchEngine) -> str:
     b = engine.backbone.describe()
-    return (f"**Backbone:** `{esc(b['name'])}` on {esc(b['device'])} — {esc(b.get('why', ''))}  \n"
+    return (f"**Backbone:** {code(b['name'])} on {esc(b['device'])} — {esc(b.get('why', ''))}  \n"
             f"**Gallery:** {index_markdown(engine)}")
 
 

@@ -2,32 +2,55 @@
 import functools
 import html
 import json
+import logging
+import re
 import shutil
 import tempfile
 import time
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import Optional
 
 import gradio as gr
 
 from engine.errors import EngineError
 from engine.search import SearchEngine, search
-from engine.service import build_session_engine, drop_session_engine, session_index_types
+from engine.service import open_session, session_engine, session_index_types
 from engine.share import from_query_string, reference_file, resolve_reference, state_for, to_query_string
 
-from .formatting import (LABELS, backbone_markdown, compare_html, compare_summary_markdown, esc, explanation_markdown,
+from .formatting import (LABELS, backbone_markdown, code, compare_html, compare_summary_markdown, esc, explanation_markdown,
                          gallery_items, index_markdown)
 
 
+log = logging.getLogger(__name__)
+GENERIC_ERROR = "The server could not handle this request; check the inputs and try again."
+_PATH = re.compile(r"(?:[A-Za-z]:)?(?:[/\\][^\s/\\'\"()]+){2,}[/\\]?")
+
+
+def plain_message(exc: BaseException) -> str:
+    """The one sentence a user sees for ``exc``: engine errors keep their message with any file path cut
+    to its last part; anything else (a bug, a library's own message) becomes a generic sentence and the
+    details go to the server log."""
+    if not isinstance(exc, EngineError):
+        log.error("request failed", exc_info=(type(exc), exc, exc.__traceback__))
+        return GENERIC_ERROR
+    msg = _PATH.sub(lambda m: PurePath(m.group(0).rstrip("/\\")).name, str(exc)).strip()
+    msg = " ".join(msg.split())
+    if len(msg) > 300:
+        msg = msg[:297] + "..."
+    return msg or GENERIC_ERROR
+
+
 def user_errors(fn):
-    """Show engine errors as a clear message in the page instead of a stack trace."""
+    """Show every error as one plain sentence in the page (no stack trace, no server path)."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         try:
             return fn(*args, **kwargs)
-        except EngineError as exc:
-            raise gr.Error(html.escape(str(exc), quote=False)) from None  # pop-ups render HTML
+        except gr.Error:
+            raise
+        except Exception as exc:
+            raise gr.Error(html.escape(plain_message(exc), quote=False)) from None  # pop-ups render HTML
 
     return wrapper
 
@@ -40,12 +63,14 @@ def expansion_name(lattqe_on: bool, expander: Optional[str]) -> str:
 
 def run_search(engine: SearchEngine, image, text, method, alpha, k, lattqe_on, expander, nqe):
     """Returns (gallery items, explanation markdown, results JSON, result ids)."""
+    own = engine is None or isinstance(engine, str)
+    engine = session_engine(engine)
     if engine is None:
         raise EngineError("index a zip of photos first")
     resp = search(engine, image=image or None, text=text, method=method, alpha=float(alpha), k=int(k),
                   expand=expansion_name(bool(lattqe_on), expander), nqe=int(nqe), explain=True)
-    return (gallery_items(engine, resp), explanation_markdown(resp), json.dumps(resp.to_json(), indent=2),
-            [r.id for r in resp.results])
+    return (gallery_items(engine, resp, thumbs_only=own), explanation_markdown(resp),
+            json.dumps(resp.to_json(), indent=2), [r.id for r in resp.results])
 
 
 def reference_picker(engine: SearchEngine):
@@ -61,15 +86,26 @@ def result_as_reference(engine: SearchEngine, ids, evt: gr.SelectData):
     """Clicking a result makes its image the new reference."""
     if engine is None or not ids or evt is None or evt.index is None:
         return gr.update()
+    if isinstance(engine, str):  # an uploaded gallery: its folder is not served, so hand over the pixels
+        from engine.images import load_image
+
+        try:
+            eng = session_engine(engine)
+            i = ids[int(evt.index)]
+            path = eng.index.image_path(i)
+            return load_image(path if path.exists() else eng.index.thumb_path(i), max_pixels=eng.settings.max_pixels)
+        except EngineError as exc:
+            raise gr.Error(html.escape(plain_message(exc), quote=False)) from None
     i = ids[int(evt.index)]
     path = engine.index.image_path(i)
     return str(path if path.exists() else engine.index.display_path(i))
 
 
-def index_upload(base: SearchEngine, old: Optional[SearchEngine], file, index_type: str = "auto",
+def index_upload(base: SearchEngine, old: Optional[str], file, index_type: str = "auto",
                  progress=gr.Progress()):
     """Index an uploaded zip for this session with ``index_type`` (``auto`` or an ``ics-K`` compact index);
-    returns (engine, status markdown)."""
+    returns (session key, status markdown). The gallery lives in engine.service.SESSIONS (time to live,
+    cap on live sessions); the page keeps only its key."""
     if file is None:
         raise EngineError("choose a .zip of photos to upload")
     path = file if isinstance(file, str) else getattr(file, "name", None)
@@ -78,14 +114,14 @@ def index_upload(base: SearchEngine, old: Optional[SearchEngine], file, index_ty
         progress((done, max(total, 1)), desc=stage)
 
     progress(0, desc="checking the archive")
-    eng = build_session_engine(path, base, progress=report, index_type=index_type or "auto")
-    drop_session_engine(old)
+    key = open_session(path, base, old=old, progress=report, index_type=index_type or "auto")
+    eng = session_engine(key)
     st = eng.index.stats()
     skipped = eng.index.meta.get("skipped", [])
-    msg = f"Indexed **{st['items']}** photos with `{esc(eng.backbone.name)}`: {index_markdown(eng)}."
+    msg = f"Indexed **{st['items']}** photos with {code(eng.backbone.name)}: {index_markdown(eng)}."
     if skipped:
         msg += f" Skipped {len(skipped)}: " + "; ".join(f"{esc(s['path'])} ({esc(s['reason'])})" for s in skipped[:5])
-    return eng, msg
+    return key, msg
 
 
 def index_type_choices(engine: SearchEngine):
@@ -192,8 +228,8 @@ def restore_from_url(engine: SearchEngine, history, request: gr.Request):
         if st is None:
             return tuple(gr.update() for _ in range(N_RESTORE_OUTPUTS))
         return run_state(engine, st, history)
-    except EngineError as exc:
-        gr.Warning(f"Could not open this link: {html.escape(str(exc), quote=False)}")
+    except Exception as exc:
+        gr.Warning(f"Could not open this link: {html.escape(plain_message(exc), quote=False)}")
         return tuple(gr.update() for _ in range(N_RESTORE_OUTPUTS))
 
 

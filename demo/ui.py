@@ -9,7 +9,7 @@ import gradio as gr
 
 from engine.config import Settings
 from engine.search import SearchEngine
-from engine.service import drop_session_engine, load_default_engine, sessions_dir
+from engine.service import SESSIONS, drop_session_engine, load_default_engine
 
 from . import handlers as h
 from .formatting import EXPANDER_LABELS, method_choices
@@ -101,7 +101,7 @@ def _search_controls(engine: SearchEngine, prefix: str, with_compare: bool = Fal
     default_method = "sum" if "sum" in engine.composers else next(iter(engine.composers))
     with gr.Row(elem_id=f"{prefix}controls"):
         with gr.Column(scale=1, min_width=240):
-            image = gr.Image(type="filepath", label="Reference image", sources=["upload", "clipboard"],
+            image = gr.Image(type="filepath", image_mode=None, label="Reference image", sources=["upload", "clipboard"],
                              height=260, elem_id=f"{prefix}reference")
         with gr.Column(scale=2, min_width=280):
             text = gr.Textbox(label="What to change", placeholder="e.g. the same but red",
@@ -246,6 +246,7 @@ def build_demo(settings: Optional[Settings] = None, engine: Optional[SearchEngin
                default_concurrency_limit=max(1, int(settings_value("CIS_CONCURRENCY", 4))),
                status_update_rate="auto", api_open=False)
     demo.cis_engine = engine
+    SESSIONS.start_janitor(engine.settings)  # sweeps session folders left by an earlier server, then periodically
     return demo
 
 
@@ -256,12 +257,14 @@ def settings_value(name: str, default):
 
 
 def allowed_paths(engine: SearchEngine):
-    """The only folders the server may serve files from: the gallery, its thumbnails, session galleries.
+    """The only folders the server may serve files from: the gallery and its thumbnails.
 
     Nothing else (not the repository, the index files or the checkpoints) is listed; Gradio also serves
-    its own cache of uploads and outputs. Paths are resolved so that `..` or links cannot widen them."""
+    its own cache of uploads and outputs, where uploaded galleries' result thumbnails are copied (their
+    session folders, with photos, embeddings and metadata, are never served). Paths are resolved so that
+    `..` or links cannot widen them."""
     out = []
-    for p in (Path(engine.index.source), Path(engine.index.folder) / "thumbs", sessions_dir()):
+    for p in (Path(engine.index.source), Path(engine.index.folder) / "thumbs"):
         p = str(p.resolve())
         if p not in out:
             out.append(p)

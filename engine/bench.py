@@ -8,7 +8,6 @@ register in ``EXTRA_SECTIONS`` (ICS, query expansion, Context-I2W, compare mode)
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import os
 import platform
@@ -19,12 +18,14 @@ from typing import Callable, Dict, List
 import numpy as np
 
 from .config import ROOT, Settings
+from .plugins import load_plugin
 
 # name -> "module:function"; each function takes (args, ctx) and returns (markdown, json-able dict)
 EXTRA_SECTIONS: Dict[str, str] = {
     "expanders": "engine.expand.evaluate:bench_section",
     "ics": "engine.index.ics_bench:bench_section",
     "context-i2w": "engine.train.context_i2w:bench_section",
+    "integrity": "engine.index.store:bench_section",
 }
 
 
@@ -293,18 +294,14 @@ def main(argv=None) -> int:
         if name in SECTIONS:
             fn = SECTIONS[name]
         else:
-            mod, _, attr = EXTRA_SECTIONS[name].partition(":")
-            try:
-                fn = getattr(importlib.import_module(mod), attr)
-            except (ImportError, AttributeError) as exc:
-                print(f"[bench] skipping {name}: {exc}")
-                continue
+            fn = load_plugin(EXTRA_SECTIONS[name])  # a broken section module fails the run loudly
         print(f"[bench] {name} ...", flush=True)
         t = time.perf_counter()
         md, data = fn(args, ctx)
         print(md, flush=True)
         print(f"[bench] {name} took {time.perf_counter() - t:.0f} s", flush=True)
-        parts.append(f"## {name}\n\n{md}")
+        # each section carries its own date and machine, so `--only X` rewrites X's line with X
+        parts.append(f"## {name}\n\n_Measured {time.strftime('%Y-%m-%d')} on {machine()}._\n\n{md}")
         raw[name] = data
     text = "\n\n".join(parts) + "\n"
     if args.out:

@@ -69,8 +69,16 @@ def cmd_index(args) -> int:
 
     s = _settings(args)
     backbone = create_backbone(s.backbone, s.device)
-    idx = index_source(args.source, args.out, backbone, index_type=args.index_type, batch_size=args.batch_size,
-                       workers=args.workers, settings=s, dba=args.dba, dba_k=args.dba_k)
+    if args.runner == "ray":
+        from .index.ray_runner import build_index_ray
+
+        opts = {"checkpoint_dir": s.checkpoints, "fingerprint": backbone.fingerprint}
+        idx = build_index_ray(args.source, args.out, backbone, settings=s, address=args.address,
+                              index_type=args.index_type, batch_size=args.batch_size, workers=args.workers,
+                              shard_size=args.shard_size, vector_options=opts, dba=args.dba, dba_k=args.dba_k)
+    else:
+        idx = index_source(args.source, args.out, backbone, index_type=args.index_type, batch_size=args.batch_size,
+                           workers=args.workers, settings=s, dba=args.dba, dba_k=args.dba_k)
     stats = idx.stats()
     print(json.dumps(stats, indent=2))
     if idx.meta.get("skipped"):
@@ -122,7 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--index", default=None, help="index folder to describe")
 
     sp = sub.add_parser("index", help="index a folder or zip of images")
-    sp.add_argument("source", help="folder or .zip of images")
+    sp.add_argument("source", help="folder or .zip of images; with --runner ray also a .txt list or .parquet/.csv of paths")
     sp.add_argument("--out", required=True, help="index folder")
     _add_backbone(sp)
     sp.add_argument("--index-type", default="auto", help="auto | flat | hnsw | ivf | ics-16/32/64/128")
@@ -130,6 +138,10 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--workers", type=int, default=None)
     sp.add_argument("--dba", default=None, help="database-side augmentation variant: aqe | alpha-qe | lattqe")
     sp.add_argument("--dba-k", type=int, default=16, help="neighbours per gallery item for --dba")
+    sp.add_argument("--runner", choices=("local", "ray"), default="local",
+                    help="local (this machine) or ray (a Ray cluster; pip install -r requirements-scale.txt)")
+    sp.add_argument("--address", default=None, help="--runner ray: cluster address (default: start a local one)")
+    sp.add_argument("--shard-size", type=int, default=256, help="--runner ray: images per resumable shard")
 
     sp = sub.add_parser("search", help="search an index")
     sp.add_argument("--index", required=True)

@@ -35,6 +35,11 @@ class Settings:
     max_pixels: int = field(default_factory=lambda: int(_env("CIS_MAX_PIXELS", str(40_000_000))))
     max_zip_mb: float = field(default_factory=lambda: float(_env("CIS_MAX_ZIP_MB", "200")))
     max_zip_files: int = field(default_factory=lambda: int(_env("CIS_MAX_ZIP_FILES", "2000")))
+    max_aspect: float = field(default_factory=lambda: float(_env("CIS_MAX_ASPECT", "20")))
+    max_frames: int = field(default_factory=lambda: int(_env("CIS_MAX_FRAMES", "100")))
+    max_zip_pixels: int = field(default_factory=lambda: int(_env("CIS_MAX_ZIP_PIXELS", str(400_000_000))))
+    max_sessions: int = field(default_factory=lambda: int(_env("CIS_MAX_SESSIONS", "16")))
+    session_ttl_s: float = field(default_factory=lambda: float(_env("CIS_SESSION_TTL_S", "3600")))
     max_text_chars: int = field(default_factory=lambda: int(_env("CIS_MAX_TEXT_CHARS", "1000")))
     auto_timeout_s: float = field(default_factory=lambda: float(_env("CIS_AUTO_TIMEOUT_S", "3")))
 

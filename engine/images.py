@@ -15,6 +15,9 @@ from .errors import InputError
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".webp", ".bmp", ".tif", ".tiff", ".gif")
 DEFAULT_MAX_PIXELS = 40_000_000
 DEFAULT_MAX_BYTES = 50 * 1024 * 1024
+DEFAULT_MAX_ASPECT = 20.0  # long side / short side
+DEFAULT_MAX_FRAMES = 100
+WORKING_SIDE = 1024  # decoded images are reduced so their short side is about this (draft/reduce), then bounded
 
 ImageSource = Union[str, os.PathLike, bytes, Image.Image]
 
@@ -70,26 +73,114 @@ def _normalise_mode(img: Image.Image) -> Image.Image:
     return img
 
 
+def check_header(img: Image.Image, name: str, max_pixels: int = DEFAULT_MAX_PIXELS,
+                 max_aspect: float = DEFAULT_MAX_ASPECT, max_frames: int = DEFAULT_MAX_FRAMES) -> None:
+    """Refuse an opened (not yet decoded) image by its header alone: pixels, aspect ratio, frame count."""
+    w, h = img.size
+    if w < 1 or h < 1:
+        raise InputError(f"{name} has no pixels")
+    if w * h > max_pixels:
+        raise InputError(f"{name} has {w}x{h} pixels; the limit is {max_pixels:,} pixels")
+    if max(w, h) / min(w, h) > max_aspect:
+        raise InputError(f"{name} is {w}x{h} pixels; images longer than {max_aspect:g} times their width "
+                         "are refused")
+    if img.format == "GIF":  # Pillow's n_frames decodes every frame; count the blocks instead
+        frames = gif_frame_count(img.fp, stop_after=max_frames + 1)
+    else:  # APNG/WebP read the count from a header, TIFF walks its directories: no pixels are decoded
+        frames = getattr(img, "n_frames", 1) if getattr(img, "is_animated", False) else 1
+    if frames > max_frames:
+        raise InputError(f"{name} has more than {max_frames} frames; the limit is {max_frames}")
+
+
+def gif_frame_count(fp, stop_after: int = 1 << 30) -> int:
+    """Frames in a GIF, counted by walking its blocks (no LZW decoding); stops once ``stop_after`` is
+    reached. ``fp``'s position is restored."""
+    pos = fp.tell()
+    try:
+        fp.seek(0)
+        head = fp.read(13)
+        if len(head) < 13:
+            return 1
+        if head[10] & 0x80:  # global colour table
+            fp.seek(3 * (2 << (head[10] & 7)), 1)
+        frames = 0
+
+        def skip_sub_blocks():
+            while True:
+                n = fp.read(1)
+                if not n or n[0] == 0:
+                    return
+                fp.seek(n[0], 1)
+
+        while frames < stop_after:
+            b = fp.read(1)
+            if not b or b == b"\x3b":
+                break
+            if b == b"\x21":  # extension: label, then sub-blocks
+                fp.read(1)
+                skip_sub_blocks()
+            elif b == b"\x2c":  # image descriptor
+                desc = fp.read(9)
+                if len(desc) < 9:
+                    break
+                frames += 1
+                if desc[8] & 0x80:
+                    fp.seek(3 * (2 << (desc[8] & 7)), 1)
+                fp.read(1)  # LZW minimum code size
+                skip_sub_blocks()
+            else:
+                break
+        return max(frames, 1)
+    finally:
+        fp.seek(pos)
+
+
+def image_header(path: Union[str, os.PathLike]) -> tuple:
+    """(width, height) read from the file's header without decoding pixels; InputError when unreadable."""
+    name = Path(path).name
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            with Image.open(path) as img:
+                return img.size
+    except (UnidentifiedImageError, Image.DecompressionBombError, OSError, SyntaxError, ValueError):
+        raise InputError(f"{name} is not an image this app can read (jpg, png, webp, bmp, tiff, gif)") from None
+
+
+def _bounded(img: Image.Image, side: int = WORKING_SIDE) -> Image.Image:
+    """Reduce a decoded image whose short side is over twice ``side`` by an integer factor (cheap box
+    filter), so later resizes and mode conversions work on a bounded number of pixels."""
+    factor = min(img.size) // (2 * side)
+    if factor >= 2:
+        img = img.reduce(factor)
+    return img
+
+
 def load_image(
     source: ImageSource,
     max_pixels: int = DEFAULT_MAX_PIXELS,
     max_bytes: int = DEFAULT_MAX_BYTES,
+    max_aspect: float = DEFAULT_MAX_ASPECT,
+    max_frames: int = DEFAULT_MAX_FRAMES,
 ) -> Image.Image:
-    """Decode an image safely. Raises InputError with a readable reason on any problem."""
+    """Decode an image safely. Raises InputError with a readable reason on any problem.
+
+    The header is checked (pixels, aspect ratio, frames) before any pixel is decoded; JPEGs are decoded
+    at a reduced scale (``draft``) and other large images reduced right after decoding, so the returned
+    image's short side is at most about 2 x WORKING_SIDE."""
     if isinstance(source, Image.Image):
-        if source.width * source.height > max_pixels:
-            raise InputError(f"image has {source.width}x{source.height} pixels; the limit is {max_pixels:,} pixels")
-        return _normalise_mode(ImageOps.exif_transpose(source) or source)
+        check_header(source, "image", max_pixels, max_aspect, max_frames)
+        return _normalise_mode(_bounded(ImageOps.exif_transpose(source) or source))
     data = read_bytes(source, max_bytes)
     name = Path(source).name if not isinstance(source, bytes) else "upload"
     try:
         with warnings.catch_warnings():
-            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # our own limit is checked next
             img = Image.open(io.BytesIO(data))
-            w, h = img.size
-            if w * h > max_pixels:
-                raise InputError(f"{name} has {w}x{h} pixels; the limit is {max_pixels:,} pixels")
+            check_header(img, name, max_pixels, max_aspect, max_frames)
             img.seek(0)  # first frame of animations
+            if img.format == "JPEG" and min(img.size) > 2 * WORKING_SIDE:
+                img.draft("RGB", (WORKING_SIDE, WORKING_SIDE))  # DCT scaling: decodes at 1/2, 1/4 or 1/8
             img.load()
     except InputError:
         raise
@@ -97,8 +188,9 @@ def load_image(
         raise InputError(f"{name} is too large to decode safely (decompression bomb limit)") from None
     except UnidentifiedImageError:
         raise InputError(f"{name} is not an image this app can read (jpg, png, webp, bmp, tiff, gif)") from None
-    except (OSError, SyntaxError, ValueError) as exc:
-        raise InputError(f"{name} could not be decoded (truncated or corrupt file): {exc}") from None
+    except (OSError, SyntaxError, ValueError, EOFError):
+        raise InputError(f"{name} could not be decoded (truncated or corrupt file)") from None
+    img = _bounded(img)
     try:
         img = ImageOps.exif_transpose(img) or img
     except Exception:  # broken EXIF should not make a readable image unusable

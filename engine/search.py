@@ -109,7 +109,10 @@ ImageInput = Union[None, str, Path, bytes, Image.Image, int]
 class SearchEngine:
     """A backbone + a gallery index + the composers and expanders available for them."""
 
-    def __init__(self, backbone: Backbone, index: GalleryIndex, settings: Optional[Settings] = None):
+    def __init__(self, backbone: Backbone, index: GalleryIndex, settings: Optional[Settings] = None,
+                 models_from: Optional["SearchEngine"] = None):
+        """``models_from``: an engine on the same backbone whose composers and expanders are shared
+        (they hold no gallery state), so a per-session gallery owns only its index."""
         self.backbone, self.index = backbone, index
         self.settings = settings or Settings()
         if index.fingerprint != backbone.fingerprint:
@@ -117,6 +120,12 @@ class SearchEngine:
                 f"index built with {index.fingerprint} but the backbone is {backbone.fingerprint}; rebuild the index"
             )
         self.cache = FeatureCache()
+        self._lock = threading.Lock()
+        if models_from is not None and models_from.backbone is backbone:
+            self.composers, self.unavailable = models_from.composers, models_from.unavailable
+            self.expanders, self.expanders_unavailable = models_from.expanders, models_from.expanders_unavailable
+            self.cache = models_from.cache  # features depend on the image and the backbone only
+            return
         self.composers: Dict[str, Composer] = {}
         self.unavailable: Dict[str, str] = {}
         ckpt = self.settings.checkpoints
@@ -134,7 +143,6 @@ class SearchEngine:
                 )
             except ExpanderUnavailable as exc:
                 self.expanders_unavailable[name] = str(exc)
-        self._lock = threading.Lock()
 
     # -- reference images ---------------------------------------------------------------
     def reference_features(self, image: ImageInput) -> Tuple[str, torch.Tensor, torch.Tensor, bool]:
@@ -154,7 +162,8 @@ class SearchEngine:
         hit = self.cache.get(key)
         if hit is not None:
             return key, hit[0], hit[1], True
-        pil = load_image(image, max_pixels=self.settings.max_pixels, max_bytes=int(self.settings.max_upload_mb * 1e6))
+        pil = load_image(image, max_pixels=self.settings.max_pixels, max_bytes=int(self.settings.max_upload_mb * 1e6),
+                         max_aspect=self.settings.max_aspect, max_frames=self.settings.max_frames)
         with torch.no_grad():
             emb, tokens = self.backbone.encode_images_with_tokens(self.backbone.preprocess(pil).unsqueeze(0))
         value = (emb[0].float().cpu(), tokens[0].float().cpu())
@@ -349,7 +358,7 @@ _engines_lock = threading.Lock()
 
 
 def open_engine(index_dir, backbone: Optional[Backbone] = None, settings: Optional[Settings] = None,
-                index_type: Optional[str] = None) -> SearchEngine:
+                index_type: Optional[str] = None, models_from: Optional[SearchEngine] = None) -> SearchEngine:
     """Load an index folder with the backbone it was built with (or the given one)."""
     from .backbones import create_backbone
 
@@ -361,7 +370,7 @@ def open_engine(index_dir, backbone: Optional[Backbone] = None, settings: Option
     index = GalleryIndex.load(index_dir, expected_fingerprint=backbone.fingerprint, vector_options=opts)
     if index_type and index_type != index.meta.get("index_type"):
         index.attach_vectors(index_type, **opts)
-    return SearchEngine(backbone, index, settings)
+    return SearchEngine(backbone, index, settings, models_from=models_from)
 
 
 def _backbone_name_for(recorded: str) -> str:

@@ -5,7 +5,9 @@ from __future__ import annotations
 import logging
 import shutil
 import threading
+import time
 import uuid
+from collections import OrderedDict
 from pathlib import Path
 from typing import Optional
 
@@ -50,7 +52,7 @@ def session_index_types(base: SearchEngine) -> list:
 
 def build_session_engine(zip_path, base: SearchEngine, progress=None, index_type: str = "auto") -> SearchEngine:
     """Index an uploaded zip into a fresh session folder with the live backbone and ``index_type``
-    (one of :func:`session_index_types`)."""
+    (one of :func:`session_index_types`). The engine shares the base engine's models; it owns its index."""
     zip_path = Path(zip_path)
     if not zip_path.is_file():
         raise InputError("no zip file was uploaded")
@@ -63,20 +65,156 @@ def build_session_engine(zip_path, base: SearchEngine, progress=None, index_type
     with open(zip_path, "rb") as f:
         if f.read(4) not in (b"PK\x03\x04", b"PK\x05\x06"):
             raise InputError("the upload is not a zip archive (checked by content, not by name)")
+    SESSIONS.start_janitor(settings)
     out = sessions_dir() / uuid.uuid4().hex
     try:
         index_source(zip_path, out, base.backbone, index_type=index_type, settings=settings, progress=progress,
                      workers=0)
-        return open_engine(out, backbone=base.backbone, settings=settings)
+        return open_engine(out, backbone=base.backbone, settings=settings, models_from=base)
     except Exception:
         shutil.rmtree(out, ignore_errors=True)
         raise
 
 
-def drop_session_engine(engine: Optional[SearchEngine]) -> None:
-    """Delete a session gallery's files (extracted images, thumbnails, index)."""
-    if engine is None:
-        return
+def _is_session_folder(folder: Path) -> bool:
+    try:
+        return sessions_dir().resolve() in Path(folder).resolve().parents
+    except OSError:
+        return False
+
+
+class SessionStore:
+    """The live per-session galleries, keyed by an opaque id kept in the page's state.
+
+    At most ``settings.max_sessions`` live at once (the least recently used is closed when another is
+    opened); one unused for ``settings.session_ttl_s`` is closed; a closed session's folder is deleted.
+    Its owner's next request is told why in one sentence. Folders under the sessions folder that belong to
+    no live session (left by an earlier server) are deleted once older than the time to live, at start and
+    then periodically by a daemon thread."""
+
+    FORGET_AFTER = 10_000  # remembered reasons for closed sessions
+
+    def __init__(self):
+        self._live: "OrderedDict[str, list]" = OrderedDict()  # key -> [engine, last used]
+        self._closed: "OrderedDict[str, str]" = OrderedDict()
+        self._lock = threading.Lock()
+        self._janitor: Optional[threading.Thread] = None
+        self.settings: Optional[Settings] = None
+
+    def __len__(self) -> int:
+        return len(self._live)
+
+    def add(self, engine: SearchEngine) -> str:
+        settings = engine.settings
+        key = uuid.uuid4().hex
+        with self._lock:
+            self._expire(settings.session_ttl_s)
+            while len(self._live) >= max(1, settings.max_sessions):
+                old, _ = next(iter(self._live.items()))
+                self._close(old, f"this server keeps at most {settings.max_sessions} uploaded galleries at once "
+                                 "and closed yours for a newer one; upload your zip again")
+            self._live[key] = [engine, time.monotonic()]
+        return key
+
+    def get(self, key) -> SearchEngine:
+        with self._lock:
+            entry = self._live.get(key)
+            if entry is not None and self.settings is not None and \
+                    time.monotonic() - entry[1] > self.settings.session_ttl_s:
+                self._expire(self.settings.session_ttl_s)
+                entry = None
+            if entry is None:
+                reason = self._closed.get(key, "your uploaded gallery is no longer on the server; upload your zip again")
+                raise InputError(reason)
+            entry[1] = time.monotonic()
+            self._live.move_to_end(key)
+            return entry[0]
+
+    def drop(self, key) -> None:
+        with self._lock:
+            entry = self._live.pop(key, None)
+        if entry is not None:
+            _delete_folder(entry[0])
+
+    def _close(self, key: str, reason: str) -> None:
+        engine, _ = self._live.pop(key)
+        self._closed[key] = reason
+        while len(self._closed) > self.FORGET_AFTER:
+            self._closed.popitem(last=False)
+        _delete_folder(engine)
+
+    def _expire(self, ttl: float) -> None:
+        now = time.monotonic()
+        for key in [k for k, (_, used) in self._live.items() if now - used > ttl]:
+            minutes = max(1, round(ttl / 60))
+            self._close(key, f"your uploaded gallery was closed after {minutes} minutes without use; "
+                             "upload your zip again")
+
+    def sweep(self, settings: Optional[Settings] = None) -> int:
+        """Close expired sessions and delete orphaned session folders older than the time to live."""
+        settings = settings or self.settings or Settings()
+        with self._lock:
+            self._expire(settings.session_ttl_s)
+            live = {Path(e[0].index.folder).resolve() for e in self._live.values()}
+        removed, now = 0, time.time()
+        for folder in sessions_dir().iterdir():
+            try:
+                if folder.resolve() in live or now - folder.stat().st_mtime <= settings.session_ttl_s:
+                    continue
+            except OSError:
+                continue
+            shutil.rmtree(folder, ignore_errors=True)
+            removed += 1
+        return removed
+
+    def start_janitor(self, settings: Settings) -> None:
+        """Sweep now, then every quarter of the time to live (at most every 10 minutes) in a daemon thread."""
+        with self._lock:
+            self.settings = settings
+            if self._janitor is not None:
+                return
+            self._janitor = threading.Thread(target=self._run_janitor, name="cis-session-janitor", daemon=True)
+        self.sweep(settings)
+        self._janitor.start()
+
+    def _run_janitor(self) -> None:
+        while True:
+            time.sleep(max(1.0, min(600.0, self.settings.session_ttl_s / 4)))
+            try:
+                self.sweep(self.settings)
+            except Exception:  # never let the janitor die
+                log.exception("session sweep failed")
+
+
+SESSIONS = SessionStore()
+
+
+def open_session(zip_path, base: SearchEngine, old=None, progress=None, index_type: str = "auto") -> str:
+    """Build a session gallery from ``zip_path``, register it, close ``old``; returns the new session key."""
+    engine = build_session_engine(zip_path, base, progress=progress, index_type=index_type)
+    key = SESSIONS.add(engine)
+    drop_session_engine(old)
+    return key
+
+
+def session_engine(value) -> Optional[SearchEngine]:
+    """The engine of a page's session state (a key from :func:`open_session`); None when nothing was indexed."""
+    if value is None or isinstance(value, SearchEngine):
+        return value
+    return SESSIONS.get(value)
+
+
+def _delete_folder(engine: SearchEngine) -> None:
     folder = Path(engine.index.folder)
-    if sessions_dir() in folder.resolve().parents:
+    if _is_session_folder(folder):
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def drop_session_engine(value) -> None:
+    """Close a session gallery (a key, or an engine) and delete its files (extracted images, thumbnails, index)."""
+    if value is None:
+        return
+    if isinstance(value, SearchEngine):
+        _delete_folder(value)
+    else:
+        SESSIONS.drop(value)

@@ -1,7 +1,6 @@
 """Training-free composers against their formulas."""
 import numpy as np
 import pytest
-import torch
 
 from engine.compose import COMPOSERS, Query
 from engine.errors import InputError

@@ -213,3 +213,39 @@ def test_bad_inputs_are_clear_errors():
         M.recall_at_k(np.zeros((1, 2)), ["a", "a"], [["a"]])
     with pytest.raises(InputError, match="targets"):
         M.recall_at_k(np.zeros((2, 2)), ["a", "b"], [["a"]])
+
+
+# ----------------------------------------------------------------------------- the one evaluation core
+def test_first_hit_ranks_ties_and_reference_removal_by_hand():
+    from engine.eval.metrics import first_hit_ranks, recall_from_ranks
+
+    scores = np.array([[0.5, 0.9, 0.5, 0.1],    # positive 2 ties with 0 (earlier in gallery order) -> rank 2
+                       [0.9, 0.8, 0.7, 0.6],    # reference 0 removed, positive 3 -> rank 2 among 1, 2, 3
+                       [0.3, 0.2, 0.1, 0.0]])   # no positive -> inf
+    positive = np.array([[0, 0, 1, 0], [0, 0, 0, 1], [0, 0, 0, 0]], bool)
+    exclude = np.array([[0, 0, 0, 0], [1, 0, 0, 0], [0, 0, 0, 0]], bool)
+    ranks = first_hit_ranks(scores, positive, exclude)
+    assert ranks[0] == 2 and ranks[1] == 2 and np.isinf(ranks[2])
+    # R@K counts a query without any target as a miss (it stays in the denominator)
+    assert recall_from_ranks(ranks, (1, 3)) == {"R@1": 0.0, "R@3": pytest.approx(200 / 3)}
+
+
+def test_average_precision_exclusion_and_empty_queries_by_hand():
+    from engine.eval.metrics import average_precisions, map_at_n, mean_average_precision
+
+    scores = np.array([[0.9, 0.8, 0.7, 0.6], [0.1, 0.2, 0.3, 0.4]])
+    rel = np.array([[1, 1, 0, 1], [0, 0, 0, 0]], bool)
+    # query 0 with its own item (gallery 0) removed: ranking 1, 2, 3 with relevant 1 and 3
+    aps = average_precisions(scores, rel, exclude=np.array([[1, 0, 0, 0], [0, 0, 0, 0]], bool))
+    assert aps[0] == pytest.approx((1 / 1 + 2 / 3) / 2) and np.isnan(aps[1])
+    # empty relevant sets are skipped by default (docs/evaluation.md) and count 0 with empty="zero"
+    full = (1 + 2 / 2 + 3 / 4) / 3
+    assert mean_average_precision(scores, rel) == pytest.approx(full)
+    assert mean_average_precision(scores, rel, empty="zero") == pytest.approx(full / 2)
+    # the hashing mAP@N goes through the same core: a query with nothing relevant is skipped, not 0
+    ql = np.array([[1, 0], [0, 1]], bool)
+    dl = np.array([[1, 0], [0, 0], [1, 0]], bool)
+    qv = np.array([[1.0, 0.0], [0.0, 1.0]])
+    dv = np.array([[1.0, 0.0], [0.5, 0.5], [0.2, 0.0]])
+    # query 0 ranks db 0 (rel), 1, 2 (rel): AP@3 = (1 + 2/3) / 2; query 1 has no relevant item
+    assert map_at_n(ql, dl, 3, query_vectors=qv, db_vectors=dv) == pytest.approx((1 + 2 / 3) / 2)

@@ -1,7 +1,5 @@
 """Gallery index: build, incremental update, atomic save, fingerprint checks, damage, zip safety, resume."""
-import json
 import os
-import shutil
 import signal
 import subprocess
 import sys

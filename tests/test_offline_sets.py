@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from engine.data import fashion_mnist, formats, offline_sets, recolour, twemoji
+from engine.data import builders, fashion_mnist, formats, recolour, twemoji
+from engine.data.builders import common as offline_sets
 from engine.errors import InputError
 
 
@@ -279,7 +280,7 @@ def cache(tmp_path, monkeypatch):
 
 
 def _build(name, inp, seed=0):
-    return offline_sets.build_into(name, formats.dataset_dir(name), inp, seed)
+    return builders.build_into(name, formats.dataset_dir(name), inp, seed)
 
 
 def _file_bytes(folder: Path) -> dict:
@@ -293,8 +294,8 @@ def test_cir_splits_are_disjoint_and_answers_resolve(cache, synthetic_inputs):
     images_by_split, groups_by_split = {}, {}
     kinds = set()
     for split in offline_sets.SPLITS:
-        queries = formats.load_split("cir", split, build=False)
-        gallery = formats.load_split("cir", f"{split}_gallery", build=False)
+        queries = formats.load_split("cir", split)
+        gallery = formats.load_split("cir", f"{split}_gallery")
         gal = {g["image"]: g for g in gallery}
         assert len(gal) == len(gallery)
         used = set()
@@ -327,14 +328,14 @@ def test_cir_splits_are_disjoint_and_answers_resolve(cache, synthetic_inputs):
     assert len(shared) == 1
     # hair families are spread so that every split has hair queries
     for split in offline_sets.SPLITS:
-        assert any(q["kind"] == "hair" for q in formats.load_split("cir", split, build=False))
+        assert any(q["kind"] == "hair" for q in formats.load_split("cir", split))
 
 
 def test_captions_labelled_multilabel(cache, synthetic_inputs):
     _build("captions", synthetic_inputs)
     seen = {}
     for split in offline_sets.SPLITS:
-        recs = formats.load_split("captions", split, build=False)
+        recs = formats.load_split("captions", split)
         assert all(r["caption"] and formats.image_path("captions", r["image"]).is_file() for r in recs)
         seen[split] = {r["image"] for r in recs}
     assert not (seen["train"] & seen["val"]) and not (seen["train"] & seen["test"]) and not (seen["val"] & seen["test"])
@@ -342,7 +343,7 @@ def test_captions_labelled_multilabel(cache, synthetic_inputs):
 
     _build("labelled", synthetic_inputs)
     for part in ("fmnist", "fmnist_small", "emoji", "photos"):
-        split = {s: formats.load_split("labelled", s, part=part, build=False)
+        split = {s: formats.load_split("labelled", s, part=part)
                  for s in ("train", "val", "val_query", "val_db", "query", "db")}
         train_cls = {r["label"] for r in split["train"]}
         assert train_cls and not train_cls & {r["label"] for r in split["val"]}
@@ -351,14 +352,14 @@ def test_captions_labelled_multilabel(cache, synthetic_inputs):
         assert {r["id"] for r in split["val_query"]} | {r["id"] for r in split["val_db"]} == {r["id"] for r in split["val"]}
         for r in split["query"][:5]:
             assert formats.image_path("labelled", r["image"]).is_file()
-    fm = formats.load_split("labelled", "db", part="fmnist", build=False)
+    fm = formats.load_split("labelled", "db", part="fmnist")
     assert len(fm) == 200 and fm[3]["label"] == 0 and fm[3]["label_name"] == "T-shirt/top"
     img = np.asarray(Image.open(formats.image_path("labelled", fm[3]["image"])))
     assert np.array_equal(img, synthetic_inputs.fmnist[0][3])
-    assert len(formats.load_split("labelled", "query", part="fmnist", build=False)) == 50
+    assert len(formats.load_split("labelled", "query", part="fmnist")) == 50
 
     _build("multilabel", synthetic_inputs)
-    parts = {s: formats.load_split("multilabel", s, build=False) for s in ("train", "val", "query", "db")}
+    parts = {s: formats.load_split("multilabel", s) for s in ("train", "val", "query", "db")}
     ids = [r["id"] for recs in parts.values() for r in recs]
     assert len(ids) == len(set(ids))
     vocab = json.loads((formats.dataset_dir("multilabel") / "labels.json").read_text())
@@ -401,7 +402,7 @@ def Counter_values(mapping):
 
 def test_loader_errors(cache):
     with pytest.raises(InputError, match="unknown data set"):
-        formats.load_split("nope", "train", build=False)
+        formats.load_split("nope", "train")
     with pytest.raises(InputError, match="outside"):
         formats.image_path("cir", "../../etc/passwd")
     bad = formats.dataset_dir("captions")
@@ -409,6 +410,10 @@ def test_loader_errors(cache):
     (bad / "train.jsonl").write_text('{"a": 1}\nnot json\n')
     with pytest.raises(InputError, match="train.jsonl, line 2"):
         formats.read_jsonl(bad / "train.jsonl")
+    # loading never builds: a set without a manifest is refused with the command that builds it
+    with pytest.raises(InputError, match=r"not built; build it with: python -m engine\.data\.builders build --only captions"):
+        formats.load_split("captions", "train")
+    assert not (bad / formats.MANIFEST).exists()
 
 
 # ----------------------------------------------------------------------------------------------
@@ -424,7 +429,7 @@ def _real_twemoji_dir():
 
 
 @pytest.mark.skipif(_real_twemoji_dir() is None, reason="npm package emoji-datasource-twitter not installed in the cache "
-                    "(python -m engine.data.offline_sets build installs it)")
+                    "(python -m engine.data.builders build installs it)")
 def test_real_twemoji_package():
     emojis = twemoji.load_emoji(_real_twemoji_dir())
     assert len(emojis) > 3000

@@ -547,3 +547,80 @@ def test_cli_synthetic_run_writes_checkpoints_and_report(tmp_path):
     assert files == ["rtic-gcn-synthetic.safetensors", "rtic-synthetic.safetensors"]
     _, record = load_checkpoint(tmp_path / "ckpt" / files[0], "synthetic@16-0")
     assert record["variant"] == "rtic+gcn" and record["graph"]["nodes"] == report["train_triplets"]
+
+
+# ----------------------------------------------------------------------------- faithfulness (issue #18)
+def _authors_block_from_the_paper(p: dict, v: torch.Tensor, t: torch.Tensor, n_blocks: int) -> torch.Tensor:
+    """Independent functional RTIC forward, written from the paper's description (Appendix B) with the
+    authors' activation, ``F.leaky_relu`` at PyTorch's default slope 0.01, and their concatenation
+    order (image, then text). Eval-mode batch norm; ``p`` holds plain tensors."""
+    import torch.nn.functional as Fn
+
+    def bn(x, name):
+        return Fn.batch_norm(x, p[name + ".rm"], p[name + ".rv"], p[name + ".w"], p[name + ".b"], False, 0.0, 1e-5)
+
+    def act(x):
+        return Fn.leaky_relu(x)  # default negative_slope = 0.01
+
+    x = Fn.linear(act(bn(torch.cat([v, t], 1), "f.bn")), p["f.fc.w"], p["f.fc.b"])
+    h = x
+    for k in range(n_blocks):
+        e = Fn.linear(h, p[f"e{k}.0.w"], p[f"e{k}.0.b"])
+        e = act(bn(e, f"e{k}.1"))
+        e = act(bn(Fn.linear(e, p[f"e{k}.3.w"], p[f"e{k}.3.b"]), f"e{k}.4"))
+        h = h + Fn.linear(e, p[f"e{k}.6.w"], p[f"e{k}.6.b"])
+    g = torch.sigmoid(Fn.linear(act(bn(Fn.linear(x, p["g.0.w"], p["g.0.b"]), "g.1")), p["g.3.w"], p["g.3.b"]))
+    return (1 - g) * h + g * v
+
+
+def _port_weights(model: RTIC, d: int) -> dict:
+    """The project's parameters in the reference's layout (its fusion sees (image, text), ours (text, image))."""
+    swap = torch.cat([torch.arange(d, 2 * d), torch.arange(0, d)])  # reference column j <- our column swap[j]
+    p = {}
+
+    def put_bn(name, m, perm=None):
+        sel = (lambda x: x[perm]) if perm is not None else (lambda x: x)
+        p.update({name + ".w": sel(m.weight), name + ".b": sel(m.bias), name + ".rm": sel(m.running_mean),
+                  name + ".rv": sel(m.running_var)})
+
+    put_bn("f.bn", model.fusion.bn, swap)
+    p["f.fc.w"], p["f.fc.b"] = model.fusion.fc.weight[:, swap], model.fusion.fc.bias
+    for k, blk in enumerate(model.blocks):
+        for i in (0, 3, 6):
+            p[f"e{k}.{i}.w"], p[f"e{k}.{i}.b"] = blk.net[i].weight, blk.net[i].bias
+        put_bn(f"e{k}.1", blk.net[1])
+        put_bn(f"e{k}.4", blk.net[4])
+    p["g.0.w"], p["g.0.b"], p["g.3.w"], p["g.3.b"] = (model.gate.net[0].weight, model.gate.net[0].bias,
+                                                      model.gate.net[3].weight, model.gate.net[3].bias)
+    put_bn("g.1", model.gate.net[1])
+    return {k: v.detach().clone() for k, v in p.items()}
+
+
+def test_default_slope_matches_the_authors_block_after_porting_weights():
+    d, n = 16, 2
+    gen = torch.Generator().manual_seed(0)
+    outs = {}
+    for slope in (None, 0.2):
+        torch.manual_seed(1)
+        cfg = RTICConfig(dim=d, n_blocks=n) if slope is None else RTICConfig(dim=d, n_blocks=n, negative_slope=slope)
+        model = RTIC(cfg)
+        with torch.no_grad():  # non-trivial batch-norm statistics so every BN matters
+            for m in model.modules():
+                if isinstance(m, nn.BatchNorm1d):
+                    m.running_mean.normal_(0, 0.5, generator=gen)
+                    m.running_var.uniform_(0.5, 2.0, generator=gen)
+                    m.weight.normal_(1, 0.3, generator=gen)
+                    m.bias.normal_(0, 0.3, generator=gen)
+        model.eval()
+        v, t = torch.randn(32, d, generator=gen), torch.randn(32, d, generator=gen)
+        with torch.no_grad():
+            outs[slope] = (model(v, t) - _authors_block_from_the_paper(_port_weights(model, d), v, t, n)).abs().max()
+    assert RTICConfig().negative_slope == 0.01
+    assert outs[None] < 1e-6  # the default reproduces the authors' block
+    assert outs[0.2] > 1e-3  # the old slope does not
+
+
+def test_checkpoint_without_recorded_slope_loads_as_legacy_0_2(tmp_path):
+    cfg = RTICConfig(dim=8, n_blocks=1)
+    assert RTICConfig.from_dict({k: v for k, v in cfg.__dict__.items() if k != "negative_slope"}).negative_slope == 0.2
+    assert RTICConfig.from_dict(cfg.__dict__).negative_slope == 0.01

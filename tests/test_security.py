@@ -2,6 +2,7 @@
 app's own path, temporary files, what the server serves, path parameters, pickles and HTML escaping."""
 from __future__ import annotations
 
+import html
 import io
 import json
 import struct
@@ -180,19 +181,20 @@ def test_zip_size_limit_is_checked_before_opening(gallery_engine, tmp_path, sess
 
 def test_session_files_are_deleted_and_the_gallery_never_is(gallery_engine, tmp_path, sessions):
     from demo import handlers as h
-    from engine.service import drop_session_engine
+    from engine.service import drop_session_engine, session_engine
 
     photos = sorted(GALLERY.rglob("*.jpg"))[:3]
     archive = _zip(tmp_path / "p.zip", {f"p{i}.jpg": p.read_bytes() for i, p in enumerate(photos)})
-    eng, msg = h.index_upload(gallery_engine, None, str(archive), progress=lambda *a, **k: None)
+    key, msg = h.index_upload(gallery_engine, None, str(archive), progress=lambda *a, **k: None)
     assert "**3**" in msg
-    folder = Path(eng.index.folder)
+    folder = Path(session_engine(key).index.folder)
     assert sessions in folder.resolve().parents and (folder / "files" / "p0.jpg").is_file()
     # a second upload replaces the first: the old session's files go at once
-    eng2, _ = h.index_upload(gallery_engine, eng, str(archive), progress=lambda *a, **k: None)
+    key2, _ = h.index_upload(gallery_engine, key, str(archive), progress=lambda *a, **k: None)
     assert not folder.exists()
-    drop_session_engine(eng2)
-    assert not Path(eng2.index.folder).exists() and list(sessions.iterdir()) == []
+    folder2 = Path(session_engine(key2).index.folder)
+    drop_session_engine(key2)
+    assert not folder2.exists() and list(sessions.iterdir()) == []
     drop_session_engine(gallery_engine)  # not under the sessions folder: must be left alone
     assert Path(gallery_engine.index.folder).is_dir() and len(gallery_engine.index) > 0
 
@@ -337,7 +339,9 @@ def _assert_inert(markup: str, payload: str):
     for tag in ("<script", "<img", "<svg"):
         if tag in payload:
             assert tag not in markup, (tag, markup)
-    assert payload.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace('"', "&quot;") in markup
+    from demo.formatting import esc
+
+    assert html.unescape(esc(payload)) == payload and esc(payload) in markup  # shown as typed, interpreted as nothing
 
 
 def test_formatting_escapes_every_user_string():
@@ -345,6 +349,7 @@ def test_formatting_escapes_every_user_string():
     from engine.search import Result, SearchResponse
 
     assert esc('<a href="x">&</a>') == "&lt;a href=&quot;x&quot;&gt;&amp;&lt;/a&gt;"
+    assert esc("[a](https://e.x)") == "&#91;a&#93;&#40;https&#58;//e&#46;x&#41;"  # Markdown inert too
     assert esc(None) == "" and esc(3) == "3"
     for bad in HOSTILE:
         resp = SearchResponse(

@@ -102,6 +102,20 @@ class Backbone(ABC):
         return self.encode_images(batch)
 
 
+def bounded_square(image: Image.Image, max_aspect: float = 2.0) -> Image.Image:
+    """Crop an elongated image to its central square before a short-side resize + centre crop.
+
+    Those transforms keep only the central square anyway; cropping first bounds their memory whatever the
+    aspect ratio (scaling a 4000x1 strip's short side to 224 would make an 896000x224 image). Images
+    within ``max_aspect`` are returned unchanged, so ordinary photos give bit-identical pixels."""
+    w, h = image.size
+    side = min(w, h)
+    if side < 1 or max(w, h) <= max_aspect * side:
+        return image
+    left, top = (w - side) // 2, (h - side) // 2
+    return image.crop((left, top, left + side, top + side))
+
+
 def hash_state_dict(state: dict) -> str:
     """Short, order-independent hash of a module's weights."""
     h = hashlib.sha256()

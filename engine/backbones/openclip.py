@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from PIL import Image
 
 from ..errors import EngineError
-from .base import Backbone, TextEncoding, hash_state_dict
+from .base import Backbone, TextEncoding, bounded_square, hash_state_dict
 
 log = logging.getLogger(__name__)
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
@@ -108,7 +108,7 @@ class OpenClipBackbone(Backbone):
 
     # -- images ------------------------------------------------------------------------
     def preprocess(self, image: Image.Image) -> torch.Tensor:
-        return self._preprocess(image.convert("RGB"))
+        return self._preprocess(bounded_square(image).convert("RGB"))
 
     def encode_images_with_tokens(self, pixels) -> Tuple[torch.Tensor, torch.Tensor]:
         visual = self.model.visual

@@ -125,13 +125,13 @@ class PackagedBackbone(Backbone):
 
     # -- images ------------------------------------------------------------------------
     def preprocess(self, image: Image.Image) -> torch.Tensor:
+        # Short side to `size`, centre crop: done as one resize of the central square (``box``), so the
+        # output is size x size whatever the aspect ratio (a 4000x1 strip must not become 896000x224).
         img = image.convert("RGB")
         w, h = img.size
-        scale = self.size / min(w, h)
-        img = img.resize((max(self.size, round(w * scale)), max(self.size, round(h * scale))), Image.BICUBIC)
-        w, h = img.size
-        left, top = (w - self.size) // 2, (h - self.size) // 2
-        img = img.crop((left, top, left + self.size, top + self.size))
+        side = min(w, h)
+        left, top = (w - side) / 2, (h - side) / 2
+        img = img.resize((self.size, self.size), Image.BICUBIC, box=(left, top, left + side, top + side))
         x = torch.from_numpy(np.asarray(img, dtype=np.float32) / 255.0).permute(2, 0, 1)
         return (x - self._mean) / self._std
 

@@ -43,6 +43,9 @@ CHECKPOINT_GLOB = "rtic*.safetensors"
 FORMAT_VERSION = 1
 
 
+LEGACY_NEGATIVE_SLOPE = 0.2  # the slope of checkpoints whose config does not record one
+
+
 @dataclass
 class RTICConfig:
     """Architecture of one RTIC model (stored in every checkpoint)."""
@@ -52,7 +55,8 @@ class RTICConfig:
     n_blocks: int = 4
     inner_skip: bool = True
     gating: bool = True
-    negative_slope: float = 0.2  # LeakyReLU slope
+    # LeakyReLU slope: PyTorch's default 0.01, as in the authors' code (the paper's Table 6 gives none).
+    negative_slope: float = 0.01
     text_proj: bool = False
     image_proj: bool = False
     init_temperature: float = 10.0  # initial logit scale of the DML loss (learnable)
@@ -68,7 +72,10 @@ class RTICConfig:
     @classmethod
     def from_dict(cls, data: dict) -> "RTICConfig":
         known = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in known})
+        values = {k: v for k, v in data.items() if k in known}
+        # checkpoints written before the slope was recorded were trained with 0.2
+        values.setdefault("negative_slope", LEGACY_NEGATIVE_SLOPE)
+        return cls(**values)
 
 
 class Fusion(nn.Module):
@@ -191,16 +198,11 @@ def save_checkpoint(
         **(extra or {}),
     }
     state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
-    tmp = path.with_name(path.name + ".tmp")
-    save_file(state, str(tmp), metadata={"rtic": json.dumps(record)})
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o666 & ~umask)  # readable like any other shipped file
-    os.replace(tmp, path)
-    side = path.with_suffix(".json")
-    tmp_side = side.with_name(side.name + ".tmp")
-    tmp_side.write_text(json.dumps(record, indent=2, default=str))
-    os.replace(tmp_side, side)
+    from ..fileio import atomic_path, atomic_write_text
+
+    with atomic_path(path) as tmp:  # readable like any other shipped file
+        save_file(state, str(tmp), metadata={"rtic": json.dumps(record)})
+    atomic_write_text(path.with_suffix(".json"), json.dumps(record, indent=2, default=str))
     return path
 
 

@@ -308,7 +308,9 @@ def _cache_key(fingerprint: str, items: Iterable[str]) -> str:
 def embed_images(backbone, paths: Sequence[str], batch_size: int = 32, progress: bool = True) -> torch.Tensor:
     """Image embeddings (M, D); uses ``engine.data.features.embed_paths`` when available."""
     try:
-        from .features import embed_paths  # the engine's shared, cached feature extractor
+        from .features import (
+            embed_paths,  # the engine's shared, cached feature extractor
+        )
     except ImportError:
         embed_paths = None
     if embed_paths is not None:
@@ -368,16 +370,18 @@ def embed_triplets(
             tables = None
     if tables is None:
         tables = {"images": embed_images(backbone, paths, progress=progress), "texts": embed_texts(backbone, texts, progress=progress)}
-        cache.parent.mkdir(parents=True, exist_ok=True)
-        tmp = cache.with_name(cache.name + ".tmp")
-        save_file({k: v.contiguous() for k, v in tables.items()}, str(tmp), metadata={"fingerprint": backbone.fingerprint})
-        os.replace(tmp, cache)
+        from ..fileio import atomic_path
+
+        with atomic_path(cache) as tmp:
+            save_file({k: v.contiguous() for k, v in tables.items()}, str(tmp),
+                      metadata={"fingerprint": backbone.fingerprint})
     return TripletSet(tables["images"], tables["texts"], arrays["ref"], arrays["text"], arrays["tgt"], arrays["query"],
                       paths, texts, arrays["gallery"] if len(gallery) else None)
 
 
-def load_offline_cir(split: str = "train", report: Optional[LoadReport] = None, build: bool = True) -> List[Triplet]:
-    """Triplets of the offline ``cir`` set (``engine.data.formats``; assembled on first use).
+def load_offline_cir(split: str = "train", report: Optional[LoadReport] = None) -> List[Triplet]:
+    """Triplets of the built offline ``cir`` set (``engine.data.formats``; build it with
+    ``engine.data.builders``).
 
     Records carry ``reference``, ``text`` (or ``caption``/``modification``) and ``target`` or ``targets``,
     image paths relative to ``formats.image_root("cir")``; other fields are kept in ``meta``.
@@ -386,7 +390,7 @@ def load_offline_cir(split: str = "train", report: Optional[LoadReport] = None, 
 
     report = report if report is not None else LoadReport()
     out: List[Triplet] = []
-    for i, rec in enumerate(formats.load_split("cir", split, build=build)):
+    for i, rec in enumerate(formats.load_split("cir", split)):
         text = rec.get("text", rec.get("caption", rec.get("modification")))
         targets = rec.get("targets") or ([rec["target"]] if rec.get("target") else [])
         if not rec.get("reference") or text is None or not targets:
@@ -404,12 +408,12 @@ def load_offline_cir(split: str = "train", report: Optional[LoadReport] = None, 
     return out
 
 
-def load_offline_gallery(split: str = "test", build: bool = True) -> List[Tuple[str, str]]:
+def load_offline_gallery(split: str = "test") -> List[Tuple[str, str]]:
     """(image path, gallery kind) of every image in a split's gallery of the offline ``cir`` set."""
     from . import formats
 
     out = []
-    for rec in formats.load_split("cir", f"{split}_gallery", build=build):
+    for rec in formats.load_split("cir", f"{split}_gallery"):
         path = formats.image_path("cir", rec["image"])
         if path.is_file():
             out.append((str(path), str(rec.get("gallery", ""))))

@@ -16,7 +16,13 @@ from torch.utils.data import DataLoader
 from ..config import cache_dir
 from ..errors import InputError
 from ..images import sha256_file
-from ..index.pipeline import DecodeDataset, _collate, cache_folder, read_shards, write_shard
+from ..index.pipeline import (
+    DecodeDataset,
+    _collate,
+    cache_folder,
+    read_shards,
+    write_shard,
+)
 
 
 def embed_paths(backbone, paths: Sequence, batch_size: int = 64, workers: Optional[int] = None,

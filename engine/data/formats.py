@@ -9,8 +9,8 @@ Every set lives in ``cache_dir()/datasets/<name>/``::
 
 The loader API is deliberately small:
 
-* :func:`load_split` ``(name, split, part=None) -> list[dict]`` – records of one split
-  (built on first use).
+* :func:`load_split` ``(name, split, part=None) -> list[dict]`` – records of one split of a built
+  set (loading never builds; :mod:`engine.data.builders` is the explicit build step).
 * :func:`image_root` ``(name) -> Path`` – folder that record image paths are relative to.
 * :func:`image_path` ``(name, rel) -> Path`` – absolute path of one record image, checked to stay
   inside the set.
@@ -104,33 +104,22 @@ def split_file(name: str, split: str, part: Optional[str] = None) -> Path:
     return (base / part / f"{split}.jsonl") if part else (base / f"{split}.jsonl")
 
 
-def is_built(name: str) -> bool:
-    """True when the set's manifest exists with the current format version and assembly recipe."""
-    from .offline_sets import recipe_hash
+def build_command(name: str) -> str:
+    """The command that builds one set (named in the error for a set that is not built)."""
+    return f"python -m engine.data.builders build --only {name}"
 
+
+def load_manifest(name: str) -> dict:
+    """The set's manifest (sources, licences, versions, seed, counts). Never builds: building is the
+    explicit step :func:`engine.data.builders.build` (``python -m engine.data.builders build``)."""
     path = dataset_dir(name) / MANIFEST
     if not path.is_file():
-        return False
-    try:
-        manifest = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError):
-        return False
-    return manifest.get("format_version") == FORMAT_VERSION and manifest.get("recipe") == recipe_hash()
-
-
-def load_manifest(name: str, build: bool = True) -> dict:
-    """The set's manifest (sources, licences, versions, seed, counts); builds the set if needed."""
-    if build and not is_built(name):
-        from .offline_sets import build as build_set
-
-        build_set(name)
-    path = dataset_dir(name) / MANIFEST
-    if not path.is_file():
-        raise InputError(f"data set {name!r} is not built; run: python -m engine.data.offline_sets build --only {name}")
+        raise InputError(f"data set {name!r} is not built; build it with: {build_command(name)}")
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as exc:
-        raise InputError(f"{path.name} of data set {name!r} is damaged ({exc.msg}); rebuild with --force") from None
+        raise InputError(f"{path.name} of data set {name!r} is damaged ({exc.msg}); rebuild it with: "
+                         f"{build_command(name)} --force") from None
 
 
 def available_splits(name: str, part: Optional[str] = None) -> list[str]:
@@ -139,16 +128,13 @@ def available_splits(name: str, part: Optional[str] = None) -> list[str]:
     return sorted(p.stem for p in base.glob("*.jsonl"))
 
 
-def load_split(name: str, split: str, part: Optional[str] = None, build: bool = True) -> list[dict]:
-    """Records of one split of an offline set; assembles the set on first use when ``build``.
+def load_split(name: str, split: str, part: Optional[str] = None) -> list[dict]:
+    """Records of one split of a built offline set (never builds; the error names the build command).
 
     See ``docs/data.md`` for the record fields of each set. Image fields hold paths relative to
     :func:`image_root` ``(name)``.
     """
-    if build and not is_built(name):
-        from .offline_sets import build as build_set
-
-        build_set(name)
+    load_manifest(name)  # refuses a set that is not built, naming the command that builds it
     path = split_file(name, split, part)
     if not path.is_file():
         where = f"{name}/{part}" if part else name

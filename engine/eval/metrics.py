@@ -152,6 +152,34 @@ def target_ranks(
     return ranks
 
 
+def first_hit_ranks(scores: np.ndarray, positive: np.ndarray, exclude: Optional[np.ndarray] = None,
+                    chunk: int = 1024) -> np.ndarray:
+    """Vectorised :func:`target_ranks` for index-based data: (Q,) 0-based rank of the best-ranked positive
+    per query (``inf`` when it has none), ties in gallery order, ``exclude`` (Q, G) bool removed from the
+    ranking (reference removal; an excluded positive is not a positive)."""
+    scores = np.asarray(scores, dtype=np.float64)
+    positive = np.asarray(positive, dtype=bool)
+    if scores.shape != positive.shape or scores.ndim != 2:
+        raise InputError(f"scores {scores.shape} and positives {positive.shape} must be the same (Q, G) shape")
+    out = np.full(scores.shape[0], np.inf)
+    idx = np.arange(scores.shape[1])[None]
+    for s0 in range(0, scores.shape[0], chunk):
+        sc, pos = scores[s0:s0 + chunk], positive[s0:s0 + chunk]
+        excl = None if exclude is None else np.asarray(exclude[s0:s0 + chunk], dtype=bool)
+        if excl is not None:
+            pos = pos & ~excl
+        has = pos.any(1)
+        t = np.argmax(np.where(pos, sc, -np.inf), axis=1)  # first best positive = its best rank
+        s_t = sc[np.arange(len(sc)), t][:, None]
+        before = (sc > s_t) | ((sc == s_t) & (idx < t[:, None]))
+        if excl is not None:
+            before &= ~excl
+        r = before.sum(1).astype(np.float64)
+        r[~has] = np.inf
+        out[s0:s0 + chunk] = r
+    return out
+
+
 def recall_from_ranks(ranks: np.ndarray, ks: Sequence[int], prefix: str = "R@") -> Dict[str, float]:
     """Recall@K in percent: share of queries whose target rank is < K."""
     ranks = np.asarray(ranks, dtype=float)
@@ -302,8 +330,23 @@ def circo_map(
     return {f"mAP@{k}": float(aps[k].mean() * 100.0) for k in ks}
 
 
-def _relevance_in_order(relevance: np.ndarray, order: np.ndarray, i: int) -> np.ndarray:
-    return relevance[i, order].astype(bool)
+def _ap_from_flags(flags: np.ndarray, n_relevant: np.ndarray, top_n: Optional[int], denominator: str) -> np.ndarray:
+    """(Q,) AP from ranked relevance flags (Q, L) and the number of relevant items per query; NaN where
+    the denominator is 0. The one AP formula of the project (see :func:`average_precisions`)."""
+    flags = np.asarray(flags, dtype=bool)
+    q, length = flags.shape
+    f = flags.astype(np.float64)
+    precision_sum = (np.cumsum(f, axis=1) / np.arange(1, length + 1)[None] * f).sum(1) if length else np.zeros(q)
+    if denominator == "relevant":
+        d = np.asarray(n_relevant, dtype=np.float64)
+    elif denominator == "retrieved":
+        d = f.sum(1)
+    else:
+        d = np.minimum(top_n if top_n is not None else length, np.asarray(n_relevant, dtype=np.float64))
+    out = np.full(q, np.nan)
+    ok = d > 0
+    out[ok] = precision_sum[ok] / d[ok]
+    return out
 
 
 def average_precisions(
@@ -313,6 +356,7 @@ def average_precisions(
     is_ranking: bool = False,
     top_n: Optional[int] = None,
     denominator: Optional[str] = None,
+    exclude: Optional[np.ndarray] = None,
 ) -> np.ndarray:
     """Per-query average precision for labelled retrieval; NaN where undefined.
 
@@ -322,7 +366,9 @@ def average_precisions(
       * "relevant": all relevant items of the query (default without top_n: classic AP),
       * "retrieved": relevant items found in the top N (default with top_n: the hashing mAP@N),
       * "min": min(N, relevant items) (the CIRCO normalisation).
-    AP is NaN when D = 0 (query without relevant items); :func:`mean_average_precision` skips them.
+    ``exclude`` (Q, G) bool (scores only): items removed from the query's ranking and relevance (the
+    query's own item in leave-one-out retrieval). AP is NaN when D = 0 (query without relevant items);
+    :func:`mean_average_precision` skips them.
     """
     rel = np.asarray(relevance).astype(bool)
     arr = np.asarray(scores_or_ranking)
@@ -335,28 +381,22 @@ def average_precisions(
     if denominator not in ("relevant", "retrieved", "min"):
         raise InputError(f"unknown AP denominator {denominator!r}; use relevant, retrieved or min")
     if is_ranking:
+        if exclude is not None:
+            raise InputError("exclude applies to scores, not to a precomputed ranking")
         if arr.size and (arr.min() < 0 or arr.max() >= rel.shape[1]):
             raise InputError("ranking holds gallery indices outside the relevance matrix")
+        order = arr.astype(np.int64)
     else:
-        arr = _check_scores(arr, rel.shape[1])
-    out = np.full(rel.shape[0], np.nan)
-    for i in range(rel.shape[0]):
-        order = arr[i].astype(np.int64) if is_ranking else ranked_indices(arr[i], top_n)
-        if top_n is not None:
-            order = order[:top_n]
-        flags = _relevance_in_order(rel, order, i)
-        n_total = int(rel[i].sum())
-        hits = np.cumsum(flags)
-        precision_sum = float((hits / np.arange(1, flags.size + 1) * flags).sum()) if flags.size else 0.0
-        if denominator == "relevant":
-            d = n_total
-        elif denominator == "retrieved":
-            d = int(flags.sum())
-        else:
-            d = min(top_n if top_n is not None else flags.size, n_total)
-        if d > 0:
-            out[i] = precision_sum / d
-    return out
+        arr = _check_scores(arr, rel.shape[1]).astype(np.float64, copy=True)
+        if exclude is not None:
+            excl = np.asarray(exclude, dtype=bool)
+            rel = rel & ~excl
+            arr[excl] = -np.inf  # last in the ranking and never relevant: removed
+        order = np.argsort(-arr, axis=1, kind="stable")  # ties in gallery order
+    if top_n is not None:
+        order = order[:, :top_n]
+    flags = np.take_along_axis(rel, order, axis=1)
+    return _ap_from_flags(flags, rel.sum(1), top_n, denominator)
 
 
 def mean_average_precision(
@@ -410,3 +450,33 @@ def top_k_ids(
             order = ranked_indices(scores[i], k, ex)
         out.append([gids[j] for j in order])
     return out
+
+
+# -- hashing: ranking by Hamming distance of packed codes (ICS, LSH, ITQ) -----------------------
+def hamming_distances(query_codes: np.ndarray, db_codes: np.ndarray, bits: int) -> np.ndarray:
+    """(Q, N) Hamming distances via the +-1 identity ``ham = (K - <s_q, s_d>) / 2``."""
+    from ..index.ics import unpack_signs
+
+    sq, sd = unpack_signs(query_codes, bits), unpack_signs(db_codes, bits)
+    return np.rint((bits - sq @ sd.T) / 2).astype(np.int32)
+
+
+def map_at_n(query_labels: np.ndarray, db_labels: np.ndarray, top: int, *, query_codes=None, db_codes=None,
+             bits: int = 0, query_vectors=None, db_vectors=None, chunk: int = 256) -> float:
+    """mAP@top (hashing convention, :func:`average_precisions` with ``denominator="retrieved"``): relevant =
+    shares at least one label; queries with nothing relevant in the top are skipped (docs/evaluation.md).
+    Ranking by Hamming distance of the codes (ties by db order, stable) or, with
+    ``query_vectors``/``db_vectors``, by inner product."""
+    ql, dl = np.asarray(query_labels, bool), np.asarray(db_labels, bool)
+    aps = []
+    for s in range(0, len(ql), chunk):
+        if query_vectors is not None:
+            sim = np.asarray(query_vectors[s:s + chunk], np.float32) @ np.asarray(db_vectors, np.float32).T
+            order = np.argsort(-sim, axis=1, kind="stable")
+        else:
+            dist = hamming_distances(query_codes[s:s + chunk], db_codes, bits)
+            order = np.argsort(dist, axis=1, kind="stable")
+        relevant = (ql[s:s + chunk].astype(np.float32) @ dl.T.astype(np.float32)) > 0
+        aps.append(average_precisions(order[:, :top], relevant, is_ranking=True, top_n=top))
+    aps = np.concatenate(aps) if aps else np.zeros(0)
+    return float(np.nanmean(aps)) if np.isfinite(aps).any() else 0.0

@@ -11,7 +11,6 @@ Nothing is tuned on the test split: checkpoints are chosen on validation splits 
 from __future__ import annotations
 
 import argparse
-import importlib
 import time
 from pathlib import Path
 from typing import Dict, List, Optional
@@ -20,6 +19,8 @@ import numpy as np
 import torch
 
 from ..config import ROOT, Settings
+from ..plugins import load_plugin
+from .metrics import first_hit_ranks, recall_from_ranks
 
 KS = (1, 5, 10, 50)
 # name -> "module:function(args, ctx) -> (markdown, data)" for sections other parts provide
@@ -35,8 +36,10 @@ def _l2n(x: np.ndarray) -> np.ndarray:
 def cir_tensors(backbone, split: str = "test"):
     """Queries, gallery records, gallery embeddings and reference features of the offline CIR set."""
     from ..data.features import embed_paths
+    from ..data.builders import ensure_built
     from ..data.formats import image_path, load_split
 
+    ensure_built("cir")  # the explicit build step (quick when built)
     queries = load_split("cir", split)
     gallery = load_split("cir", f"{split}_gallery")
     gemb = embed_paths(backbone, [image_path("cir", g["image"]) for g in gallery], desc=f"cir {split} gallery")
@@ -77,14 +80,14 @@ def rank_queries(qvecs: np.ndarray, queries, gallery, gemb, pos, expanders: Opti
                 order = np.argsort(-first, kind="stable")[:nqe]
                 ex = expanders[name].expand(qvecs[qi], vecs[order], first[order])
                 s = vecs @ ex.vector
-            order = np.argsort(-s, kind="stable")
-            hit = [r for r, c in enumerate(cand[order]) if c in targets]
-            ranks[name][qi] = hit[0] + 1 if hit else len(cand) + 1
+            r = first_hit_ranks(s[None], np.isin(cand, list(targets))[None])[0]
+            ranks[name][qi] = int(r) + 1 if np.isfinite(r) else len(cand) + 1
     return ranks
 
 
 def recall(ranks: np.ndarray, ks=KS) -> Dict[str, float]:
-    return {f"R@{k}": float(100.0 * np.mean(ranks <= k)) for k in ks}
+    """R@K (percent) from 1-based ranks, by the evaluation core (engine.eval.metrics)."""
+    return recall_from_ranks(np.asarray(ranks) - 1, ks)
 
 
 def evaluate_cir(backbone, settings: Settings, split: str = "test", nqe: int = 8, ics_type: str = "ics-64",
@@ -266,12 +269,7 @@ def main(argv=None) -> int:
     for name in sections:
         if name == "cir":
             continue
-        mod, _, attr = EXTRA_SECTIONS[name].partition(":")
-        try:
-            fn = getattr(importlib.import_module(mod), attr)
-        except (ImportError, AttributeError) as exc:
-            print(f"[eval] skipping {name}: {exc}")
-            continue
+        fn = load_plugin(EXTRA_SECTIONS[name])  # a broken section module fails the run loudly
         print(f"[eval] {name}", flush=True)
         md, data = fn(args, {"backbone": backbone, "settings": settings, "img_dir": img_dir})
         parts.append(f"## {name}\n\n{md}")

@@ -23,7 +23,10 @@ from typing import Dict, Optional, Sequence
 
 import numpy as np
 
-from .ics import ICSConfig, ITQHasher, LSHHasher, labels_to_matrix, map_at_n, train_ics
+from ..eval.metrics import map_at_n
+from ..train.ics import train_ics
+from .ics import ICSConfig, labels_to_matrix
+from .ics_baselines import ITQHasher, LSHHasher
 from .ics_index import CompactBinaryIndex, candidate_recall, exact_top
 
 
@@ -207,12 +210,13 @@ def plot_maps(fig: Dict, path: Path) -> Path:
         ax.legend(fontsize=8)
     f.tight_layout()
     path = Path(path)
-    tmp = path.with_name(f".{path.stem}.tmp.png")
-    f.savefig(tmp, dpi=110)
-    plt.close(f)
-    import os
+    from ..fileio import atomic_path
 
-    os.replace(tmp, path)
+    try:
+        with atomic_path(path) as tmp:
+            f.savefig(tmp, dpi=110, format="png")
+    finally:
+        plt.close(f)
     return path
 
 

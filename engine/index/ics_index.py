@@ -24,7 +24,8 @@ import numpy as np
 
 from ..errors import CheckpointError, IndexLoadError, InputError
 from ..checkpoints import describe_search_path, resolve
-from .ics import SUPPORTED_BITS, Hasher, LSHHasher, load_ics
+from .ics import SUPPORTED_BITS, Hasher, load_ics
+from .ics_baselines import LSHHasher
 from .vectors import VECTOR_INDEXES, VectorIndex
 from ..fileio import atomic_save_npy as _atomic_save_npy
 from ..fileio import atomic_write_text as _atomic_write_text

@@ -166,13 +166,28 @@ def build_index(
             write_shard(cache, pend_h, np.stack(pend_e), pend_s)
         bar.close()
 
+    index = assemble_index(source, out, backbone, rel, hashes, known, failed, captions, index_type=index_type,
+                           vector_options=vector_options, dba=dba, dba_k=dba_k, progress=progress,
+                           progress_total=len(todo))
+    compact_cache(cache, {it["sha256"] for it in index.items})
+    return index
+
+
+# -- stage: assemble (shared by every runner) -------------------------------------------------------
+def assemble_index(source: Path, out: Path, backbone, rel: List[str], hashes: List[Optional[str]],
+                   known: Dict[str, Tuple[np.ndarray, list]], failed: Dict[int, str], captions: Dict[str, str],
+                   index_type: str = "auto", vector_options: Optional[dict] = None, dba: Optional[str] = None,
+                   dba_k: int = 16, progress: Progress = None, progress_total: int = 0,
+                   sizes_on_disk: Optional[Dict[str, int]] = None) -> GalleryIndex:
+    """Items in ``rel`` order (one per path, so a path embedded twice by a retried worker appears once),
+    their float16 embeddings, the vector index; saved as a new version of ``out``."""
     items, embs = [], []
     for i, (r, h) in enumerate(zip(rel, hashes)):
-        if h not in known:
+        if h is None or h not in known:
             continue
         e, size = known[h]
         item = {"id": len(items), "path": r, "sha256": h, "width": size[0], "height": size[1],
-                "bytes": (source / r).stat().st_size}
+                "bytes": (sizes_on_disk[r] if sizes_on_disk else (source / r).stat().st_size)}
         if r in captions:
             item["caption"] = captions[r]
         items.append(item)
@@ -194,10 +209,9 @@ def build_index(
         meta["dba"] = {"method": dba, "k": int(dba_k)}
     index = GalleryIndex(out, meta, items, matrix.astype(np.float16))
     if progress:
-        progress(len(todo), len(todo), "building the vector index")
+        progress(progress_total, progress_total, "building the vector index")
     index.attach_vectors(index_type, **(vector_options or {}))
     index.save()
-    compact_cache(cache, {it["sha256"] for it in items})
     return index
 
 

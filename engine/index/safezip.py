@@ -2,6 +2,7 @@
 compression-ratio limits so that a zip bomb is refused before anything is written."""
 from __future__ import annotations
 
+import logging
 import shutil
 import stat
 import zipfile
@@ -10,6 +11,7 @@ from pathlib import Path, PurePosixPath
 from ..errors import InputError
 from ..images import IMAGE_EXTENSIONS
 
+log = logging.getLogger(__name__)
 MAX_RATIO = 200  # uncompressed / compressed size of one entry
 
 
@@ -22,8 +24,8 @@ def safe_extract_zip(archive, dest, max_files: int = 2000, max_total_bytes: int 
     dest = Path(dest)
     try:
         zf = zipfile.ZipFile(archive)
-    except (zipfile.BadZipFile, OSError) as exc:
-        raise InputError(f"not a readable zip archive ({exc})") from None
+    except (zipfile.BadZipFile, OSError):
+        raise InputError("the upload is not a readable zip archive") from None
     with zf:
         plan = []
         total = 0
@@ -60,23 +62,40 @@ def safe_extract_zip(archive, dest, max_files: int = 2000, max_total_bytes: int 
         dest.mkdir(parents=True, exist_ok=True)
         root = dest.resolve()
         written = []
-        for info, p in plan:
-            target = (root / Path(*p.parts)).resolve()
-            if root not in target.parents:
-                raise InputError(f"the archive contains a path leaving its folder ({info.filename}); refused")
-            target.parent.mkdir(parents=True, exist_ok=True)
-            budget = info.file_size
-            with zf.open(info) as src, open(target, "wb") as out:
-                copied = 0
-                while True:
-                    chunk = src.read(1 << 20)
-                    if not chunk:
-                        break
-                    copied += len(chunk)
-                    if copied > budget:  # the header lied about the size
-                        out.close()
-                        shutil.rmtree(root, ignore_errors=True)
-                        raise InputError(f"{info.filename} is larger than its header says; refused")
-                    out.write(chunk)
-            written.append(p.as_posix())
+        try:
+            for info, p in plan:
+                _extract_one(zf, info, p, root, written)
+        except InputError:
+            shutil.rmtree(root, ignore_errors=True)
+            raise
+        except (zipfile.BadZipFile, zipfile.LargeZipFile, NotImplementedError, RuntimeError, EOFError) as exc:
+            shutil.rmtree(root, ignore_errors=True)
+            log.info("zip member unreadable: %s", exc)
+            raise InputError("the zip archive is damaged or uses an unsupported compression; create it again") from None
+        except OSError as exc:  # a name too long for the file system, disk full, ...
+            shutil.rmtree(root, ignore_errors=True)
+            log.info("zip member not written: %s", exc)
+            raise InputError("a file in the zip could not be extracted (name too long or disk full)") from None
         return written
+
+
+def _extract_one(zf, info, p, root, written):
+    """Write one planned member under ``root``; appends its relative path to ``written``."""
+    target = (root / Path(*p.parts)).resolve()
+    if root not in target.parents:
+        raise InputError(f"the archive contains a path leaving its folder ({info.filename}); refused")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    budget = info.file_size
+    with zf.open(info) as src, open(target, "wb") as out:
+        copied = 0
+        while True:
+            chunk = src.read(1 << 20)
+            if not chunk:
+                break
+            copied += len(chunk)
+            if copied > budget:  # the header lied about the size
+                out.close()
+                shutil.rmtree(root, ignore_errors=True)
+                raise InputError(f"{info.filename} is larger than its header says; refused")
+            out.write(chunk)
+    written.append(p.as_posix())

@@ -33,7 +33,7 @@ import os
 import random
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -44,6 +44,7 @@ import torch.nn.functional as F
 from ..compose.context_i2w import (ContextI2WComposer, ContextI2WConfig, ContextI2WMapper, checkpoint_name,
                                    count_parameters, load_authors_checkpoint, save_checkpoint)
 from ..errors import CheckpointError, InputError
+from ..fileio import atomic_write_bytes
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".webp", ".bmp")
 PATH_KEYS = ("image", "path", "file", "filepath", "filename", "img")
@@ -124,7 +125,9 @@ def load_pairs(spec: str, split: str = "train", image_root: Optional[str] = None
     """``captions`` (offline set, one split), a pair file, or a CC3M-style folder."""
     if spec == "captions":
         from ..data import formats
+        from ..data.builders import ensure_built
 
+        ensure_built("captions")  # the explicit build step (quick when built)
         records = formats.load_split("captions", split)
         return _pairs_from_records(records, formats.image_root("captions"), f"captions/{split}")
     path = Path(spec)
@@ -156,10 +159,9 @@ def _cache_root() -> Path:
 
 
 def _save_npy(path: Path, arr: np.ndarray) -> None:
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "wb") as f:
-        np.save(f, arr, allow_pickle=False)
-    os.replace(tmp, path)
+    from ..fileio import atomic_save_npy
+
+    atomic_save_npy(path, arr)
 
 
 def image_features(backbone, paths: Sequence[Path], batch_size: int = 32, cache: bool = True,
@@ -200,12 +202,9 @@ def image_features(backbone, paths: Sequence[Path], batch_size: int = 32, cache:
                 found[hashes[j]] = (e[k], t[k])
                 if cache:
                     f = folder / hashes[j][:2] / f"{hashes[j]}.npz"
-                    f.parent.mkdir(parents=True, exist_ok=True)
                     buf = io.BytesIO()
                     np.savez(buf, emb=e[k], tokens=t[k])
-                    tmp = f.with_name(f"{f.name}.{os.getpid()}.tmp")
-                    tmp.write_bytes(buf.getvalue())
-                    os.replace(tmp, f)
+                    atomic_write_bytes(f, buf.getvalue())
             bar.update(len(chunk))
     if not paths:
         return np.zeros((0, backbone.embed_dim), np.float32), np.zeros((0, 1, backbone.vision_width), np.float16)
@@ -329,10 +328,10 @@ def _schedule(total: int, warmup: int):
 
 
 def _atomic_torch_save(obj, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
+    from ..fileio import atomic_path
+
+    with atomic_path(path) as tmp:
+        torch.save(obj, tmp)
 
 
 def train_mapper(backbone, mapper: ContextI2WMapper, feats: PairFeatures, cfg: TrainConfig,
@@ -431,18 +430,19 @@ def train_mapper(backbone, mapper: ContextI2WMapper, feats: PairFeatures, cfg: T
 def _recall(scores: np.ndarray, targets: Sequence[Sequence[int]], ks: Sequence[int],
             exclude: Optional[Sequence[int]] = None) -> Dict[str, float]:
     """R@K (percent): a query counts when any of its targets ranks in the top K (``exclude`` removed)."""
-    scores = np.array(scores, dtype=np.float64)
+    from ..eval.metrics import first_hit_ranks, recall_from_ranks
+
+    scores = np.asarray(scores, dtype=np.float64)
+    positive = np.zeros(scores.shape, dtype=bool)
+    for i, ts in enumerate(targets):
+        positive[i, list(ts)] = True
+    excluded = None
     if exclude is not None:
+        excluded = np.zeros(scores.shape, dtype=bool)
         for i, e in enumerate(exclude):
             if e is not None and e >= 0:
-                scores[i, e] = -np.inf
-    order = np.argsort(-scores, axis=1, kind="stable")
-    ranks = []
-    for i, ts in enumerate(targets):
-        pos = np.where(np.isin(order[i], list(ts)))[0]
-        ranks.append(pos.min() if pos.size else np.inf)
-    ranks = np.asarray(ranks, dtype=float)
-    return {f"R@{k}": float((ranks < k).mean() * 100.0) for k in ks}
+                excluded[i, e] = True
+    return recall_from_ranks(first_hit_ranks(scores, positive, excluded), ks)
 
 
 @torch.no_grad()
@@ -635,7 +635,9 @@ def _mapper_config(args, backbone) -> ContextI2WConfig:
 def cir_queries(split: str) -> Dict[str, Tuple[List[dict], List[str]]]:
     """The offline ``cir`` set's split as {gallery name: (triplets, gallery image paths)}."""
     from ..data import formats
+    from ..data.builders import ensure_built
 
+    ensure_built("cir")  # the explicit build step (quick when built)
     groups: Dict[str, Tuple[List[dict], List[str]]] = {}
     for r in formats.load_split("cir", split):
         ts = r.get("targets", r.get("target"))

@@ -24,15 +24,232 @@ import argparse
 import csv
 import json
 import time
-from dataclasses import fields
+from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
+import torch
+from torch.nn import functional as F
 
 from ..errors import InputError
-from ..index.ics import (ICSConfig, ITQHasher, LSHHasher, SUPPORTED_BITS, checkpoint_path, map_at_n, save_ics,
-                         train_ics)
+from ..eval.metrics import map_at_n
+from ..index.ics import (
+    SUPPORTED_BITS,
+    HashHead,
+    ICSConfig,
+    ICSModel,
+    checkpoint_path,
+    hash_centres,
+    labels_to_matrix,
+    neighbour_loss,
+    relaxed_losses,
+    save_ics,
+)
+from ..index.ics_baselines import ITQHasher, LSHHasher
+
+
+# -- simplex projection and centre weights (the w-step of the alternating optimisation) -------------
+def project_simplex(v: torch.Tensor, mask: Optional[torch.Tensor] = None, radius=1.0) -> torch.Tensor:
+    """Euclidean projection of each row of ``v`` onto ``{w >= 0, sum w = radius}`` (sort-based).
+
+    With ``mask`` (bool, same shape) only the masked coordinates are free; the others are 0. Sort the
+    free coordinates descending (``u``), find the largest ``rho`` with
+    ``u_rho - (sum_{r<=rho} u_r - radius) / rho > 0``, shift by ``theta = (sum_{r<=rho} u_r - radius)/rho``
+    and clip at 0. Rows without any free coordinate come back as zeros. ``radius`` may be a (B, 1)
+    tensor (one radius per row).
+    """
+    v = torch.as_tensor(v)
+    squeeze = v.dim() == 1
+    if squeeze:
+        v = v[None]
+        mask = None if mask is None else torch.as_tensor(mask)[None]
+    if mask is None:
+        mask = torch.ones_like(v, dtype=torch.bool)
+    mask = mask.to(torch.bool)
+    if isinstance(radius, torch.Tensor):
+        radius = radius.to(v.dtype).reshape(-1, 1)
+    big = torch.finfo(v.dtype).max / 4
+    vm = torch.where(mask, v, torch.full_like(v, -big))
+    u, _ = torch.sort(vm, dim=1, descending=True)
+    free = mask.sum(1, keepdim=True)
+    u = torch.where(torch.arange(v.shape[1], device=v.device)[None] < free, u, torch.zeros_like(u))
+    css = torch.cumsum(u, dim=1) - radius
+    ranks = torch.arange(1, v.shape[1] + 1, device=v.device, dtype=v.dtype)[None]
+    cond = (u - css / ranks > 0) & (ranks <= free)
+    rho = cond.to(v.dtype).cumsum(1).argmax(1, keepdim=True)  # last True (cond is a prefix)
+    theta = css.gather(1, rho) / (rho + 1).to(v.dtype)
+    w = torch.clamp(v - theta, min=0) * mask
+    w = torch.where(free > 0, w, torch.zeros_like(w))
+    return w[0] if squeeze else w
+
+
+def weight_objective(w: torch.Tensor, losses: torch.Tensor, mask: torch.Tensor, lam: float) -> torch.Tensor:
+    """Per-row ``lam * sum_j w_j l_j + sum_j w_j log w_j`` over the masked (label) coordinates."""
+    w = w * mask
+    wlogw = torch.where(w > 0, w * torch.log(w.clamp_min(1e-30)), torch.zeros_like(w))
+    return lam * (w * torch.where(mask, losses, torch.zeros_like(losses))).sum(1) + wlogw.sum(1)
+
+
+def uniform_weights(mask: torch.Tensor) -> torch.Tensor:
+    mask = mask.to(torch.float32)
+    return mask / mask.sum(1, keepdim=True).clamp_min(1)
+
+
+def pgd_weights(
+    losses: torch.Tensor,
+    mask: torch.Tensor,
+    lam: float,
+    w0: Optional[torch.Tensor] = None,
+    steps: int = 10,
+    lr: float = 0.1,
+    max_halvings: int = 20,
+    floor: float = 1e-6,
+    history: Optional[List[torch.Tensor]] = None,
+) -> torch.Tensor:
+    """Minimise :func:`weight_objective` over the simplex on each row's labels by projected gradient descent.
+
+    ``w <- P(w - lr * grad J(w))`` with ``grad J = lam * l + log w + 1``. The entropy gradient is
+    unbounded at 0, so the iterates live on the slightly shrunk simplex ``{w_j >= floor, sum w = 1}``
+    (the optimum ``softmax(-lam l)`` is strictly positive anyway); its Euclidean projection is
+    ``floor + P_r(v - floor)`` with ``P_r`` the sort-based projection onto the simplex of radius
+    ``r = 1 - c_i * floor``. A row whose step would raise its objective halves its own step until it
+    does not (at most ``max_halvings`` times, else the row keeps its weights and stops): the
+    objective never increases. ``history`` (if a list) receives the (B,) objective before the first
+    and after every step.
+    """
+    mask = mask.to(torch.bool)
+    losses = losses.detach().to(torch.float64)
+    count = mask.sum(1, keepdim=True).to(torch.float64)
+    floor = min(float(floor), 0.5 / max(float(count.max()), 1.0))
+    radius = (1 - count * floor).clamp_min(0)
+
+    def proj(v, rows):
+        return (project_simplex(v - floor, mask[rows], radius[rows]) + floor) * mask[rows]
+
+    all_rows = torch.ones(mask.shape[0], dtype=torch.bool)
+    w = uniform_weights(mask).to(torch.float64) if w0 is None else proj(w0.to(torch.float64), all_rows)
+    obj = weight_objective(w, losses, mask, lam)
+    if history is not None:
+        history.append(obj.clone())
+    active = torch.ones(w.shape[0], dtype=torch.bool)  # rows still moving
+    for _ in range(steps):
+        grad = lam * losses + torch.log(w.clamp_min(floor)) + 1.0
+        step = torch.full((w.shape[0], 1), float(lr), dtype=w.dtype)
+        todo = active.clone()
+        new_w, new_obj = w.clone(), obj.clone()
+        for _ in range(max_halvings):
+            cand = proj(w[todo] - step[todo] * grad[todo], todo)
+            cobj = weight_objective(cand, losses[todo], mask[todo], lam)
+            ok = cobj <= obj[todo] + 1e-12
+            idx = torch.nonzero(todo).flatten()
+            new_w[idx[ok]] = cand[ok]
+            new_obj[idx[ok]] = cobj[ok]
+            todo[idx[ok]] = False
+            if not bool(todo.any()):
+                break
+            step[todo] = step[todo] / 2
+        active &= ~todo  # no step lowered the objective: the row has converged
+        w, obj = new_w, new_obj
+        if history is not None:
+            history.append(obj.clone())
+    return w.to(torch.float32)
+
+
+
+# -- training of the hash head -----------------------------------------------------------------
+def _check_training_arrays(embeddings: np.ndarray, labels: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+    x = np.asarray(embeddings, dtype=np.float32)
+    y = np.asarray(labels)
+    if y.ndim == 1:  # single-label ids -> one-hot (the c_i = 1 case)
+        y = labels_to_matrix([[int(v)] for v in y])
+    y = y.astype(bool)
+    if x.ndim != 2 or y.ndim != 2 or len(x) != len(y):
+        raise InputError(f"embeddings {x.shape} and labels {y.shape} do not line up")
+    if len(x) < 2:
+        raise InputError("ICS training needs at least two labelled embeddings")
+    if not np.isfinite(x).all():
+        raise InputError("the training embeddings hold non-finite values")
+    keep = y.any(1)
+    if not keep.any():
+        raise InputError("no training item has a label")
+    return x[keep], y[keep]
+
+
+def train_ics(
+    embeddings: np.ndarray,
+    labels: np.ndarray,
+    config: Optional[ICSConfig] = None,
+    progress: bool = True,
+    device: str = "cpu",
+) -> ICSModel:
+    """Alternating optimisation of the centre weights (PGD, head frozen) and the hash head (weights fixed).
+
+    ``labels``: (N, M) multi-hot bool, or (N,) integer class ids (single-label). Items without any
+    label are dropped. The returned model's ``record['history']`` holds per-epoch losses.
+    """
+    from tqdm.auto import tqdm
+
+    x_np, y_np = _check_training_arrays(embeddings, labels)
+    cfg = ICSConfig(**asdict(config)) if config is not None else ICSConfig()
+    cfg.dim, cfg.num_labels = int(x_np.shape[1]), int(y_np.shape[1])
+    cfg.validate()
+    torch.manual_seed(cfg.seed)
+    centres_np, cfg.centre_strategy = hash_centres(cfg.num_labels, cfg.bits, cfg.seed)
+    head = HashHead(cfg.dim, cfg.bits, cfg.hidden, cfg.dropout).to(device)
+    centres = torch.from_numpy(centres_np).to(device)
+    x = torch.from_numpy(x_np).to(device)
+    mask = torch.from_numpy(y_np).to(device)
+    w = uniform_weights(mask).to(device)
+    mean = x.mean(0)
+    opt = torch.optim.AdamW(head.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    gen = torch.Generator().manual_seed(cfg.seed)
+    n = len(x)
+    history = []
+    bar = tqdm(range(cfg.epochs), desc=f"ICS-{cfg.bits}", disable=not progress)
+    for epoch in bar:
+        # (1) centre weights with f frozen
+        head.eval()
+        with torch.no_grad():
+            ell = torch.cat([relaxed_losses(torch.tanh(head(x[i:i + 8192])), centres, cfg)[0]
+                             for i in range(0, n, 8192)])
+        before = weight_objective(w.double(), ell.double(), mask, cfg.lam).mean().item()
+        w = pgd_weights(ell.cpu(), mask.cpu(), cfg.lam, w0=w.cpu(), steps=cfg.pgd_steps, lr=cfg.pgd_lr).to(device)
+        after = weight_objective(w.double(), ell.double(), mask, cfg.lam).mean().item()
+        # (2) the head with w fixed
+        head.train()
+        perm = torch.randperm(n, generator=gen).to(device)
+        total, total_q, total_n, batches = 0.0, 0.0, 0.0, 0
+        for i in range(0, n, cfg.batch_size):
+            idx = perm[i:i + cfg.batch_size]
+            h = torch.tanh(head(x[idx]))
+            ell_b, quant = relaxed_losses(h, centres, cfg)
+            central = (w[idx] * ell_b).sum(1).mean()
+            loss = central + cfg.gamma * quant.mean()
+            if cfg.neighbour_weight > 0:
+                xc = F.normalize(x[idx] - mean, dim=1)
+                neigh = neighbour_loss(xc @ xc.T, h, cfg.neighbour_tau)
+                loss = loss + cfg.neighbour_weight * neigh
+                total_n += neigh.item()
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            total += central.item()
+            total_q += quant.mean().item()
+            batches += 1
+        wm = w[mask.sum(1) > 1]
+        max_w = float(wm.max(1).values.mean()) if len(wm) else 1.0
+        history.append({"epoch": epoch + 1, "central": total / batches, "quant": total_q / batches,
+                        "neighbour": total_n / batches,
+                        "weight_objective_before": before, "weight_objective_after": after,
+                        "mean_max_weight_multilabel": max_w})
+        bar.set_postfix(central=f"{total / batches:.4f}", quant=f"{total_q / batches:.4f}",
+                        neighbour=f"{total_n / batches:.4f}")
+    head.eval()
+    record = {"history": history, "train_items": int(n)}
+    return ICSModel(cfg, head.cpu(), centres_np, record=record)
+
+
 
 Item = Tuple[str, List[str]]  # (image path, label names)
 
@@ -142,8 +359,10 @@ def _embed(items: List[Item], backbone) -> np.ndarray:
 
 def offline_multilabel(backbone) -> Dict[str, Tuple[np.ndarray, List[List[str]]]]:
     """{split: (embeddings, label lists)} for the offline ``multilabel`` set's train / query / db."""
+    from ..data.builders import ensure_built
     from ..data.formats import image_path, load_split
 
+    ensure_built("multilabel")  # the explicit build step (quick when built)
     out = {}
     for split in ("train", "query", "db"):
         records = load_split("multilabel", split)

@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import os
 import time
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
@@ -105,14 +104,15 @@ def labelled_features(parts: Sequence[str], backbone_name: str = "packaged", dev
 
     from ..backbones import create_backbone
     from ..data.features import embed_paths
+    from ..data.builders import ensure_built
     from ..data.formats import image_path, load_split
 
+    ensure_built("labelled")  # the explicit build step (quick when built)
     backbone = create_backbone(backbone_name, device)
     out = {}
     for split in splits:
         paths, labels = [], []
         for part in parts:
-            load_split("labelled", "train", part)  # builds the set on first use
             if split == "test" and part.startswith("fmnist"):
                 continue  # Fashion-MNIST parts have train + val classes only (their query/db mix both)
             recs = [r for name in HELD_OUT_FILES[split] for r in load_split("labelled", name, part)]
@@ -135,22 +135,17 @@ def labelled_features(parts: Sequence[str], backbone_name: str = "packaged", dev
 # ============================================================================ metrics
 def average_precisions(scores: torch.Tensor, q_labels: torch.Tensor, g_labels: torch.Tensor,
                        self_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """AP per query over the full ranking of the gallery; the query's own item is excluded.
+    """AP per query over the full ranking of the gallery (relevant = same label), the query's own item
+    excluded; NaN for a query without any relevant item. Computed by the evaluation core
+    (:func:`engine.eval.metrics.average_precisions`, ties in gallery order)."""
+    from ..eval.metrics import average_precisions as core_aps
 
-    AP = (1/R) sum over relevant items at ranks r (1-based) of (#relevant up to r) / r.
-    """
-    scores = scores.clone()
-    rel = q_labels[:, None] == g_labels[None, :]
+    rel = (q_labels[:, None] == g_labels[None, :]).numpy()
+    excl = None
     if self_ids is not None:
-        rows = torch.arange(scores.shape[0])
-        scores[rows, self_ids] = -float("inf")
-        rel[rows, self_ids] = False
-    order = torch.argsort(scores, dim=1, descending=True, stable=True)
-    rs = torch.gather(rel, 1, order).float()
-    ranks = torch.arange(1, rs.shape[1] + 1, dtype=torch.float32)
-    prec = torch.cumsum(rs, 1) / ranks
-    n_rel = rs.sum(1)
-    return (prec * rs).sum(1) / n_rel.clamp(min=1)
+        excl = np.zeros(rel.shape, dtype=bool)
+        excl[np.arange(rel.shape[0]), np.asarray(self_ids)] = True
+    return torch.from_numpy(core_aps(scores.double().numpy(), rel, exclude=excl))
 
 
 def _map_of(queries: np.ndarray, gallery: np.ndarray, labels: np.ndarray, qids: np.ndarray,
@@ -162,7 +157,8 @@ def _map_of(queries: np.ndarray, gallery: np.ndarray, labels: np.ndarray, qids: 
         ids = torch.as_tensor(qids[s:s + chunk])
         sc = torch.as_tensor(queries[s:s + chunk]) @ g.T
         aps.append(average_precisions(sc, gl[ids], gl, ids))
-    return float(torch.cat(aps).mean())
+    aps = torch.cat(aps)
+    return float(aps.nanmean()) if (~aps.isnan()).any() else 0.0  # queries without relevant items skipped
 
 
 def _expand(method: str, q: np.ndarray, nb: np.ndarray, sims: np.ndarray, model, alpha: float) -> np.ndarray:
@@ -253,11 +249,14 @@ def _save_figure(fig, path: Path) -> Path:
     """Write a matplotlib figure atomically (temporary file, then rename) and close it."""
     import matplotlib.pyplot as plt
 
+    from ..fileio import atomic_path
+
     fig.tight_layout()
-    tmp = path.with_name(path.stem + ".tmp.png")
-    fig.savefig(tmp, dpi=110)
-    plt.close(fig)
-    os.replace(tmp, path)
+    try:
+        with atomic_path(path) as tmp:
+            fig.savefig(tmp, dpi=110, format="png")
+    finally:
+        plt.close(fig)
     return path
 
 
@@ -677,9 +676,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         res = evaluate_expanders(ex, ey, model, nqe_list=nqe_list, n_queries=args.eval_queries, seed=args.seed,
                                  progress=not args.quiet)
         res.update(source=source, fingerprint=fp, split=where)
-        tmp = args.report / f"{args.name}_eval.json.tmp"
-        tmp.write_text(json.dumps(res, indent=1))
-        os.replace(tmp, args.report / f"{args.name}_eval.json")
+        from ..fileio import atomic_write_text
+
+        atomic_write_text(args.report / f"{args.name}_eval.json", json.dumps(res, indent=1))
         plot_curves(res, args.report / f"{args.name}_map_vs_nqe.png",
                     title=f"mAP vs nQE, held-out {where} classes")
         plot_history(history, args.report / f"{args.name}_training.png")

@@ -35,6 +35,7 @@ import torch.nn.functional as F
 from ..compose.rtic import RTIC, RTICConfig, checkpoint_name, count_parameters, save_checkpoint
 from ..data.cir_triplets import TripletSet
 from ..errors import CheckpointError, InputError
+from ..eval.metrics import first_hit_ranks, recall_from_ranks
 from .gcn_graph import CorrelationGraph, GCNStream, build_graph, gcn_bce_loss
 
 
@@ -127,10 +128,10 @@ def make_optimizer(params, cfg: TrainConfig):
 
 
 def _save_state(path: Path, state: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    torch.save(state, tmp)
-    os.replace(tmp, path)
+    from ..fileio import atomic_path
+
+    with atomic_path(path) as tmp:
+        torch.save(state, tmp)
 
 
 def _load_state(path: Path) -> dict:
@@ -345,16 +346,17 @@ def evaluate_rtic(
     for q, tg in enumerate(targets):
         positive[q, [position[t] for t in tg]] = True
     ref_col = torch.tensor([position[int(r)] for r in ref_ids])
+    excluded = None
+    if exclude_reference:
+        rows = torch.arange(len(ref_col))
+        excluded = torch.zeros_like(positive)
+        excluded[rows, ref_col] = ~positive[rows, ref_col]  # a reference that is also a target stays
+        excluded = excluded.numpy()
     out = {}
     for name, q in queries.items():
-        scores = F.normalize(q, dim=1) @ gallery.T
-        if exclude_reference:
-            rows = torch.arange(len(ref_col))
-            drop = ~positive[rows, ref_col]
-            scores[rows[drop], ref_col[drop]] = float("-inf")
-        order = scores.argsort(dim=1, descending=True)
-        hit_rank = torch.where(positive.gather(1, order), torch.arange(order.shape[1]), order.shape[1]).min(1).values
-        out[name] = {f"R@{k}": round(100.0 * float((hit_rank < k).float().mean()), 2) for k in ks}
+        scores = (F.normalize(q, dim=1) @ gallery.T).numpy()
+        ranks = first_hit_ranks(scores, positive.numpy(), excluded)
+        out[name] = {k_: round(v, 2) for k_, v in recall_from_ranks(ranks, ks).items()}
     return out
 
 
@@ -421,6 +423,9 @@ def _load_triplets(args, split: str):
         path = Path(args.root) / f"{split}.jsonl" if Path(args.root).is_dir() else Path(args.root)
         trips = ct.load_jsonl(path, args.image_root, report=report)
     elif args.data == "cir":
+        from ..data.builders import ensure_built
+
+        ensure_built("cir")  # the explicit build step (quick when built)
         trips = ct.load_offline_cir(split, report=report)
     else:
         raise InputError(f"unknown data {args.data!r}")
@@ -470,6 +475,9 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--no-gate", action="store_true")
     ap.add_argument("--text-proj", action="store_true")
     ap.add_argument("--image-proj", action="store_true")
+    ap.add_argument("--leaky-slope", type=float, default=RTICConfig.negative_slope,
+                    help="LeakyReLU negative slope (default 0.01, PyTorch's default as in the authors' code); "
+                         "recorded in the checkpoint")
     # training
     d = TrainConfig()
     for name in ("epochs", "batch_size", "step_every", "gcn_layers", "seed", "gcn_epochs", "gcn_batch_size"):
@@ -528,7 +536,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             test = embed_triplets(backbone, test_trips, progress=progress, gallery=[p for p, _ in test_gallery])
     model_cfg = RTICConfig(
         dim=train.dim, n_blocks=args.n_blocks, inner_skip=not args.no_inner_skip, gating=not args.no_gate,
-        text_proj=args.text_proj, image_proj=args.image_proj,
+        text_proj=args.text_proj, image_proj=args.image_proj, negative_slope=args.leaky_slope,
     )
     slug = checkpoint_name(backbone_name).removeprefix("rtic-").removesuffix(".safetensors")
     run_dir = Path(args.run_dir) if args.run_dir else ROOT / "runs" / "rtic" / f"{args.data}-{slug}"

@@ -1,21 +1,8 @@
-"""Assemble the offline training / evaluation sets from packages that install offline.
-
-``python -m engine.data.offline_sets build [--only NAME] [--force] [--seed N]`` builds (once, cached under
-``cache_dir()/datasets/<name>/``):
-
-* ``cir``        composed-retrieval queries with known answers (Twemoji attribute variants, recoloured
-                 object photos, category-change queries over real photos) + per-split galleries;
-* ``captions``   image / caption pairs (Tux Paint, Twemoji, GCompris, Saleor, scikit samples);
-* ``labelled``   single-label retrieval sets (Fashion-MNIST full and small, emoji, photos);
-* ``multilabel`` multi-label set for hashing (Twemoji + Tux Paint category paths).
-
-Everything is deterministic for a given seed: splits come from a hash of (seed, group key), so one
-emoji family or one original photo (with its recoloured copies and near-duplicates) always lands in
-one split, in every set. See ``docs/data.md`` for the record fields and counts.
-"""
+"""Shared pieces of the offline data-set builders: split rules, photo collection and the inputs every
+builder reads (:class:`Inputs`, :func:`gather_inputs`). One builder module per set lives next to it;
+:mod:`engine.data.builders` runs them (``python -m engine.data.builders build``)."""
 from __future__ import annotations
 
-import argparse
 import hashlib
 import io
 import json
@@ -24,22 +11,21 @@ import random
 import re
 import shutil
 import sys
-import tempfile
-import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable, Optional, Sequence
+from typing import Iterable, Optional, Sequence
 
 import numpy as np
 from PIL import Image
 
-from ..errors import EngineError, InputError
-from ..fileio import atomic_write_bytes
-from . import fashion_mnist, recolour, twemoji
-from .formats import (
-    DATASET_NAMES, FORMAT_VERSION, IMAGES_DIRNAME, MANIFEST, dataset_dir, datasets_root, write_json,
-    write_jsonl,
+from ...errors import EngineError, InputError
+from ...fileio import atomic_write_bytes
+from .. import fashion_mnist, recolour, twemoji
+from ..formats import (
+    FORMAT_VERSION,
+    datasets_root,
+    write_json,
 )
 
 DEFAULT_SEED = 0
@@ -323,7 +309,9 @@ def photo_key(source: str, ref: str) -> str:
 
 def _source_records():
     """Photo records of every available source (lazy import of ``engine.data.sources``)."""
-    from . import sources as S  # written by another module owner; imported only when photos are needed
+    from . import (
+        sources as S,  # written by another module owner; imported only when photos are needed
+    )
 
     out, missing = [], []
     readers = [
@@ -513,360 +501,3 @@ def _twemoji_sources(inp: Inputs) -> dict:
 
 def _photo_sources(inp: Inputs) -> dict:
     return {"photos": inp.photo_summary or _source_summary(inp.photos)}
-
-
-def build_cir(out: Path, inp: Inputs, seed: int) -> dict:
-    """Composed retrieval queries + galleries; returns the manifest's counts."""
-    rng = random.Random(seed)
-    img_root = out / IMAGES_DIRNAME
-    queries: dict[str, list[dict]] = {s: [] for s in SPLITS}
-    gallery: dict[str, list[dict]] = {s: [] for s in SPLITS}
-
-    # (a) Twemoji attribute variants
-    groups = _emoji_groups(inp)
-    gsplit = emoji_group_splits(inp.emojis, seed)
-    by_key = {e.key: e for e in inp.emojis}
-    for e in _progress(inp.emojis, "cir: emoji images"):
-        _link_or_copy(inp.emoji_img_dir / e.image, img_root / _emoji_rel(e))
-        split = gsplit[groups[e.key]]
-        gallery[split].append({"image": _emoji_rel(e), "gallery": "twemoji", "group": groups[e.key],
-                               "caption": twemoji.caption(e), "source": "twemoji"})
-    cross_split = 0
-    for edge in twemoji.variant_edges(inp.emojis, rng):
-        src, dst = by_key[edge.src], by_key[edge.dst]
-        split = gsplit[groups[src.key]]
-        if split != gsplit[groups[dst.key]]:
-            cross_split += 1  # a loose link whose ends fell in different splits: not usable
-            continue
-        queries[split].append({
-            "id": f"twemoji:{edge.kind}:{src.key}>{dst.key}", "kind": edge.kind, "gallery": "twemoji",
-            "reference": _emoji_rel(src), "text": edge.text, "targets": [_emoji_rel(dst)],
-            "group": groups[src.key], "attribute": edge.value,
-            "reference_caption": twemoji.caption(src), "target_caption": twemoji.caption(dst),
-        })
-
-    # (b) recoloured photos and (c) category changes: only photos with a category, so every photo in
-    # the "photos" gallery has exactly one category and category targets are complete.
-    photos = [p for p in inp.photos if p.category]
-    photo_split = {p.key: assign_split(p.group, seed) for p in photos}
-    split_photo_images: dict[str, list[tuple[str, str]]] = {s: [] for s in SPLITS}  # (rel, category)
-    recolour_stats = Counter()
-    for p in _progress(photos, "cir: photos / recolour"):
-        split = photo_split[p.key]
-        rel = f"photos/{p.path.name}"
-        _link_or_copy(p.path, img_root / rel)
-        gallery[split].append({"image": rel, "gallery": "photos", "group": p.group, "caption": p.caption,
-                               "category": p.category, "source": p.source})
-        split_photo_images[split].append((rel, p.category))
-        img = Image.open(p.path)
-        img.load()
-        analysis, reason = recolour.analyse(img)
-        recolour_stats[reason] += 1
-        if analysis is None:
-            continue
-        options = recolour.target_colours(analysis)
-        prng = random.Random(f"{seed}:{p.key}")
-        for colour in sorted(prng.sample(options, min(RECOLOUR_TARGETS_PER_IMAGE, len(options)))):
-            target_img = recolour.recolour(img, colour, analysis)
-            target_rel = f"recoloured/{p.key}__{colour}.png"
-            target_path = img_root / target_rel
-            target_path.parent.mkdir(parents=True, exist_ok=True)
-            target_img.save(target_path, format="PNG")
-            gallery[split].append({"image": target_rel, "gallery": "photos", "group": p.group,
-                                   "caption": None, "category": p.category, "source": p.source,
-                                   "recoloured_from": rel, "colour": colour})
-            split_photo_images[split].append((target_rel, p.category))
-            queries[split].append({
-                "id": f"recolour:{p.key}:{colour}", "kind": "recolour", "gallery": "photos",
-                "reference": rel, "text": f"make it {colour}", "targets": [target_rel], "group": p.group,
-                "attribute": colour, "source_colour": analysis.name, "source_hue": round(analysis.hue, 1),
-                "mask": analysis.mask_kind, "reference_caption": p.caption,
-            })
-    for split in SPLITS:
-        by_cat: dict[str, list[str]] = defaultdict(list)
-        originals = [(rel, cat) for rel, cat in split_photo_images[split] if rel.startswith("photos/")]
-        for rel, cat in split_photo_images[split]:
-            by_cat[cat].append(rel)  # recoloured copies are still images of their category
-        eligible = sorted(c for c in by_cat if sum(1 for r, k in originals if k == c) >= MIN_CATEGORY_IMAGES)
-        crng = random.Random(f"{seed}:category:{split}")
-        group_of = {g["image"]: g["group"] for g in gallery[split]}
-        for rel, cat in sorted(originals):
-            others = [c for c in eligible if c != cat]
-            if not others:
-                continue
-            group = group_of[rel]
-            for target_cat in sorted(crng.sample(others, min(CATEGORY_QUERIES_PER_IMAGE, len(others)))):
-                queries[split].append({
-                    "id": f"category:{rel}>{target_cat}", "kind": "category", "gallery": "photos",
-                    "reference": rel, "text": category_text(target_cat), "targets": sorted(by_cat[target_cat]),
-                    "group": group, "attribute": target_cat, "reference_category": cat,
-                })
-    counts = {}
-    for split in SPLITS:
-        queries[split].sort(key=lambda q: q["id"])
-        gallery[split].sort(key=lambda g: g["image"])
-        write_jsonl(out / f"{split}.jsonl", queries[split])
-        write_jsonl(out / f"{split}_gallery.jsonl", gallery[split])
-        counts[split] = {"queries": len(queries[split]), "gallery": len(gallery[split]),
-                         "by_kind": dict(sorted(Counter(q["kind"] for q in queries[split]).items()))}
-    return {"counts": counts, "recolour_analysis": dict(sorted(recolour_stats.items())),
-            "twemoji_queries_dropped_across_splits": cross_split,
-            "sources": {**_twemoji_sources(inp), **_photo_sources(inp)}}
-
-
-def build_captions(out: Path, inp: Inputs, seed: int) -> dict:
-    groups = _emoji_groups(inp)
-    gsplit = emoji_group_splits(inp.emojis, seed)
-    records: dict[str, list[dict]] = {s: [] for s in SPLITS}
-    img_root = out / IMAGES_DIRNAME
-    for e in _progress(inp.emojis, "captions: emoji"):
-        _link_or_copy(inp.emoji_img_dir / e.image, img_root / _emoji_rel(e))
-        records[gsplit[groups[e.key]]].append({
-            "id": f"twemoji:{e.key}", "image": _emoji_rel(e), "caption": twemoji.caption(e),
-            "source": "twemoji", "group": groups[e.key], "licence": twemoji.LICENCE_IMAGES,
-        })
-    for p in _progress(inp.photos, "captions: photos"):
-        if not p.caption:
-            continue
-        rel = f"photos/{p.path.name}"
-        _link_or_copy(p.path, img_root / rel)
-        records[assign_split(p.group, seed)].append({
-            "id": f"photo:{p.key}", "image": rel, "caption": p.caption, "source": p.source,
-            "group": p.group, "licence": p.licence,
-        })
-    counts = {}
-    for split in SPLITS:
-        records[split].sort(key=lambda r: r["id"])
-        write_jsonl(out / f"{split}.jsonl", records[split])
-        counts[split] = {"pairs": len(records[split]),
-                         "by_source": dict(sorted(Counter(r["source"] for r in records[split]).items()))}
-    return {"counts": counts, "sources": {**_twemoji_sources(inp), **_photo_sources(inp)}}
-
-
-def _write_class_disjoint(out: Path, part: str, records: list[dict], seed: int,
-                          query_db: Optional[tuple[list[dict], list[dict]]] = None) -> dict:
-    """train / val (+ val_query, val_db) by class; query / db from test classes unless given."""
-    class_split = class_disjoint_split([r["label"] for r in records], seed)
-    by_split: dict[str, list[dict]] = {s: [] for s in SPLITS}
-    for r in records:
-        by_split[class_split[r["label"]]].append(r)
-    files = {"train": by_split["train"], "val": by_split["val"]}
-    files["val_query"], files["val_db"] = query_db_split(by_split["val"], seed)
-    if query_db is None:
-        files["query"], files["db"] = query_db_split(by_split["test"], seed)
-    else:
-        files["query"], files["db"] = query_db
-    counts = {}
-    for name, recs in files.items():
-        write_jsonl(out / part / f"{name}.jsonl", recs)
-        counts[name] = {"images": len(recs), "classes": len({r["label"] for r in recs})}
-    return counts
-
-
-def _fmnist_class_split(seed: int) -> dict[int, str]:
-    classes = list(range(10))
-    random.Random(f"{seed}:fmnist").shuffle(classes)
-    return {c: ("val" if i < FMNIST_VAL_CLASSES else "train") for i, c in enumerate(classes)}
-
-
-def build_labelled(out: Path, inp: Inputs, seed: int) -> dict:
-    img_root = out / IMAGES_DIRNAME
-    counts: dict = {}
-    sources: dict = {}
-    if inp.fmnist is not None:
-        tx, ty, vx, vy = inp.fmnist
-        recs = {"train": [], "test": []}
-        for file_split, xs, ys in (("train", tx, ty), ("test", vx, vy)):
-            folder = img_root / "fmnist" / file_split
-            folder.mkdir(parents=True, exist_ok=True)
-            for i in _progress(range(len(xs)), f"labelled: fmnist {file_split}", total=len(xs)):
-                rel = f"fmnist/{file_split}/{i:05d}.png"
-                Image.fromarray(xs[i], mode="L").save(img_root / rel, format="PNG", compress_level=1)
-                y = int(ys[i])
-                recs[file_split].append({"id": f"fmnist:{file_split}:{i:05d}", "image": rel, "label": y,
-                                         "label_name": fashion_mnist.CLASS_NAMES[y], "index": i,
-                                         "source_split": file_split})
-        cls_split = _fmnist_class_split(seed)
-        for part, db, query in (("fmnist", recs["train"], recs["test"]),
-                                ("fmnist_small",) + _fmnist_small(recs["train"], recs["test"], seed)):
-            files = {"train": [r for r in db if cls_split[r["label"]] == "train"],
-                     "val": [r for r in db if cls_split[r["label"]] == "val"], "query": query, "db": db}
-            files["val_query"], files["val_db"] = query_db_split(files["val"], seed, query_fraction=0.1)
-            counts[part] = {}
-            for name, rs in files.items():
-                write_jsonl(out / part / f"{name}.jsonl", rs)
-                counts[part][name] = {"images": len(rs), "classes": len({r["label"] for r in rs})}
-        counts["fmnist_val_classes"] = sorted(fashion_mnist.CLASS_NAMES[c] for c, s in cls_split.items() if s == "val")
-        sources["fashion_mnist"] = {"package": f"debian {fashion_mnist.DEBIAN_PACKAGE}", "version": inp.fmnist_version,
-                                    "licence": fashion_mnist.LICENCE}
-    emoji_recs = []
-    for e in inp.emojis:
-        if e.skin_tone is not None:
-            continue  # near-identical tone copies would make retrieval trivial
-        _link_or_copy(inp.emoji_img_dir / e.image, img_root / _emoji_rel(e))
-        emoji_recs.append({"id": f"twemoji:{e.key}", "image": _emoji_rel(e), "label": e.subcategory,
-                           "label_name": e.subcategory, "category": e.category})
-    if emoji_recs:
-        counts["emoji"] = _write_class_disjoint(out, "emoji", sorted(emoji_recs, key=lambda r: r["id"]), seed)
-        sources.update(_twemoji_sources(inp))
-    photo_recs = []
-    for p in inp.photos:
-        if not p.category:
-            continue
-        rel = f"photos/{p.path.name}"
-        _link_or_copy(p.path, img_root / rel)
-        photo_recs.append({"id": f"photo:{p.key}", "image": rel, "label": p.category, "label_name": p.category,
-                           "source": p.source, "group": p.group})
-    if photo_recs:
-        counts["photos"] = _write_class_disjoint(out, "photos", sorted(photo_recs, key=lambda r: r["id"]), seed)
-        sources.update(_photo_sources(inp))
-    return {"counts": counts, "sources": sources}
-
-
-def _fmnist_small(train: list[dict], test: list[dict], seed: int) -> tuple[list[dict], list[dict]]:
-    """Stratified subsample: FMNIST_SMALL_DB_PER_CLASS train images and FMNIST_SMALL_QUERY_PER_CLASS test images per class."""
-    def pick(recs, per_class, tag):
-        rng = random.Random(f"{seed}:fmnist_small:{tag}")
-        by = defaultdict(list)
-        for r in recs:
-            by[r["label"]].append(r)
-        out = []
-        for c in sorted(by):
-            out.extend(rng.sample(by[c], min(per_class, len(by[c]))))
-        return sorted(out, key=lambda r: r["id"])
-    return pick(train, FMNIST_SMALL_DB_PER_CLASS, "db"), pick(test, FMNIST_SMALL_QUERY_PER_CLASS, "query")
-
-
-def emoji_multilabels(e) -> list[str]:
-    labels = [f"category:{e.category}", f"subcategory:{e.subcategory}"]
-    if e.skin_tone:
-        labels.append(f"skin_tone:{e.skin_tone}")
-    if e.gender:
-        labels.append(f"gender:{e.gender}")
-    return labels
-
-
-def build_multilabel(out: Path, inp: Inputs, seed: int) -> dict:
-    img_root = out / IMAGES_DIRNAME
-    groups = _emoji_groups(inp)
-    gsplit = emoji_group_splits(inp.emojis, seed)
-    by_split: dict[str, list[dict]] = {s: [] for s in SPLITS}
-    for e in inp.emojis:
-        _link_or_copy(inp.emoji_img_dir / e.image, img_root / _emoji_rel(e))
-        by_split[gsplit[groups[e.key]]].append({
-            "id": f"twemoji:{e.key}", "image": _emoji_rel(e), "labels": emoji_multilabels(e),
-            "source": "twemoji", "group": groups[e.key]})
-    for p in inp.photos:
-        if p.source != "tuxpaint-stamps-default" or not p.labels:
-            continue
-        rel = f"photos/{p.path.name}"
-        _link_or_copy(p.path, img_root / rel)
-        levels = ["tuxpaint:" + "/".join(p.labels[:i]) for i in range(1, len(p.labels) + 1)]
-        by_split[assign_split(p.group, seed)].append({
-            "id": f"photo:{p.key}", "image": rel, "labels": levels, "source": p.source, "group": p.group})
-    rng = random.Random(f"{seed}:multilabel")
-    test = sorted(by_split["test"], key=lambda r: r["id"])
-    rng.shuffle(test)
-    k = max(1, int(round(QUERY_FRACTION * len(test)))) if len(test) > 1 else 0
-    files = {"train": by_split["train"], "val": by_split["val"], "query": test[:k], "db": test[k:]}
-    vocab = sorted({lab for recs in by_split.values() for r in recs for lab in r["labels"]})
-    write_json(out / "labels.json", vocab)
-    counts = {}
-    for name, recs in files.items():
-        recs = sorted(recs, key=lambda r: r["id"])
-        write_jsonl(out / f"{name}.jsonl", recs)
-        counts[name] = {"images": len(recs), "labels_used": len({lab for r in recs for lab in r["labels"]})}
-    counts["vocabulary"] = len(vocab)
-    sources = _twemoji_sources(inp)
-    if inp.photos:
-        sources.update(_photo_sources(inp))
-    return {"counts": counts, "sources": sources}
-
-
-BUILDERS: dict[str, Callable[[Path, Inputs, int], dict]] = {
-    "cir": build_cir,
-    "captions": build_captions,
-    "labelled": build_labelled,
-    "multilabel": build_multilabel,
-}
-
-
-def build_into(name: str, final_dir: Path, inp: Inputs, seed: int = DEFAULT_SEED) -> dict:
-    """Build one set into a temporary folder next to ``final_dir`` and swap it in atomically."""
-    if name not in BUILDERS:
-        raise InputError(f"unknown data set {name!r}; choose one of {', '.join(BUILDERS)}")
-    final_dir = Path(final_dir)
-    final_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=final_dir.parent, prefix=f".tmp-{name}-"))
-    os.chmod(tmp, 0o755)
-    try:
-        started = time.time()
-        info = BUILDERS[name](tmp, inp, seed)
-        manifest = {
-            "name": name, "format_version": FORMAT_VERSION, "recipe": recipe_hash(), "seed": seed,
-            "split_fractions": dict(zip(SPLITS, SPLIT_FRACTIONS)),
-            "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "build_seconds": round(time.time() - started, 1),
-            **info,
-        }
-        write_json(tmp / MANIFEST, manifest)
-        old = None
-        if final_dir.exists():
-            old = final_dir.with_name(f".old-{name}-{os.getpid()}")
-            os.replace(final_dir, old)
-        os.replace(tmp, final_dir)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
-        return manifest
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-
-
-def build(name: Optional[str] = None, force: bool = False, seed: int = DEFAULT_SEED) -> dict[str, dict]:
-    """Build one set (or all); already built sets are kept unless ``force``. Returns manifests."""
-    from .formats import is_built, load_manifest
-
-    names = [name] if name else list(DATASET_NAMES)
-    for n in names:
-        if n not in BUILDERS:
-            raise InputError(f"unknown data set {n!r}; choose one of {', '.join(BUILDERS)}")
-    todo = [n for n in names if force or not is_built(n)]
-    out = {n: load_manifest(n, build=False) for n in names if n not in todo}
-    if todo:
-        inp = gather_inputs(todo, seed)
-        for n in todo:
-            out[n] = build_into(n, dataset_dir(n), inp, seed)
-    return out
-
-
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m engine.data.offline_sets", description=__doc__.split("\n")[0])
-    sub = parser.add_subparsers(dest="cmd", required=True)
-    b = sub.add_parser("build", help="assemble the sets (cached; --force rebuilds)")
-    b.add_argument("--only", choices=DATASET_NAMES, help="build just this set")
-    b.add_argument("--force", action="store_true", help="rebuild even if built")
-    b.add_argument("--seed", type=int, default=DEFAULT_SEED)
-    i = sub.add_parser("info", help="print the counts of the built sets")
-    i.add_argument("--only", choices=DATASET_NAMES)
-    args = parser.parse_args(argv)
-    try:
-        if args.cmd == "build":
-            os.environ.setdefault("CIS_PROGRESS", "1")
-            manifests = build(args.only, force=args.force, seed=args.seed)
-        else:
-            from .formats import load_manifest
-
-            names = [args.only] if args.only else list(DATASET_NAMES)
-            manifests = {n: load_manifest(n, build=False) for n in names}
-    except EngineError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    for n, m in manifests.items():
-        print(f"{n}: {dataset_dir(n)}  (seed {m.get('seed')}, built {m.get('built_at')}, {m.get('build_seconds')} s)")
-        print(json.dumps(m.get("counts", {}), indent=2))
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

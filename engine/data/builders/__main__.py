@@ -1,0 +1,4 @@
+"""``python -m engine.data.builders``: build or inspect the offline data sets."""
+from . import main
+
+raise SystemExit(main())
