@@ -30,11 +30,10 @@ import contextlib
 import io
 import json
 import os
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence
 
 from .checkpoints import file_name, prepared_dir, slug
 from .errors import EngineError, InputError

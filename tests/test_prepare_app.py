@@ -2,7 +2,6 @@
 import json
 import time
 
-import pytest
 
 
 def test_app_prepares_context_i2w_in_background(tmp_path, monkeypatch, tiny, small_gallery, launch_demo):
