@@ -7,26 +7,44 @@ import json
 import os
 import tempfile
 from pathlib import Path
-from typing import Any, Union
+from contextlib import contextmanager
+from typing import Any, Iterator, Optional, Union
 
 PathLike = Union[str, os.PathLike]
 
 
-def atomic_write_bytes(path: PathLike, data: bytes) -> Path:
+@contextmanager
+def atomic_path(path: PathLike, mode: Optional[int] = None) -> Iterator[Path]:
+    """For writers that need a file name (safetensors ``save_file``, ``torch.save``, ``savefig``): yields a
+    unique temporary path next to ``path`` (``mkstemp``, so concurrent writers never share one) and renames
+    it over ``path`` when the block succeeds; on failure the temporary file is removed. ``mode`` sets the
+    permissions (default: readable like a normally created file, 0o666 less the umask)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    suffix = path.suffix or ".tmp"  # keep the extension: some writers pick the format from it
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=f".tmp{suffix}", dir=path.parent)
+    os.close(fd)
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
+        yield Path(tmp)
+        if mode is None:
+            umask = os.umask(0)
+            os.umask(umask)
+            mode = 0o666 & ~umask
+        os.chmod(tmp, mode)
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
-    return path
+
+
+def atomic_write_bytes(path: PathLike, data: bytes) -> Path:
+    with atomic_path(path) as tmp:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+    return Path(path)
 
 
 def atomic_write_text(path: PathLike, text: str) -> Path:

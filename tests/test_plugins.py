@@ -21,3 +21,52 @@ def test_only_rewrites_its_own_section_header():
     new = _merge(old, ["## ann\n\n_Measured 2026-12-01 on new box._\n\na new"])
     assert "_Measured 2026-12-01 on new box._\n\na new" in new and "a old" not in new
     assert "## query\n\n_Measured 2020-01-01 on old box._\n\nq old" in new
+
+
+def test_atomic_writes_are_safe_under_concurrent_writers(tmp_path):
+    """Eight threads write the same file 25 times each: every read sees one whole payload, no temporary
+    file is left behind (unique temp names; a fixed name would be renamed away under another writer)."""
+    import threading
+
+    import torch
+
+    from engine.fileio import atomic_path, atomic_write_bytes
+
+    target = tmp_path / "shared.bin"
+    payloads = [bytes([i]) * 200_000 for i in range(8)]
+    errors = []
+
+    def writer(i):
+        try:
+            for n in range(25):
+                if n % 2:
+                    atomic_write_bytes(target, payloads[i])
+                else:
+                    with atomic_path(target) as tmp:  # the path-based writers (torch.save, save_file)
+                        tmp.write_bytes(payloads[i])
+        except Exception as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=writer, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    seen = set()
+    while any(t.is_alive() for t in threads):
+        if target.exists():
+            data = target.read_bytes()
+            assert data in payloads  # never a torn or mixed file
+            seen.add(data[0])
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    assert target.read_bytes() in payloads
+    assert [p.name for p in tmp_path.iterdir()] == ["shared.bin"]
+    # a failing writer leaves the old file and no temporary file
+    before = target.read_bytes()
+    try:
+        with atomic_path(target) as tmp:
+            torch.save({"x": 1}, tmp)
+            raise RuntimeError("boom")
+    except RuntimeError:
+        pass
+    assert target.read_bytes() == before and [p.name for p in tmp_path.iterdir()] == ["shared.bin"]

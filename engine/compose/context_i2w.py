@@ -292,10 +292,10 @@ def save_checkpoint(path: os.PathLike, mapper: ContextI2WMapper, backbone, extra
     }
     dtype = torch.float16 if half else torch.float32
     state = {k: v.detach().to(dtype).cpu().contiguous() for k, v in mapper.state_dict().items()}
-    tmp = path.with_name(path.name + ".tmp")
-    save_file(state, str(tmp), metadata={META_KEY: json.dumps(record, default=str)})
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, path)
+    from ..fileio import atomic_path
+
+    with atomic_path(path, mode=0o644) as tmp:
+        save_file(state, str(tmp), metadata={META_KEY: json.dumps(record, default=str)})
     _atomic_write_text(path.with_suffix(".json"), json.dumps(record, indent=2, default=str) + "\n")
     return path
 

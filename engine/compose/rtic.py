@@ -198,16 +198,11 @@ def save_checkpoint(
         **(extra or {}),
     }
     state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
-    tmp = path.with_name(path.name + ".tmp")
-    save_file(state, str(tmp), metadata={"rtic": json.dumps(record)})
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o666 & ~umask)  # readable like any other shipped file
-    os.replace(tmp, path)
-    side = path.with_suffix(".json")
-    tmp_side = side.with_name(side.name + ".tmp")
-    tmp_side.write_text(json.dumps(record, indent=2, default=str))
-    os.replace(tmp_side, side)
+    from ..fileio import atomic_path, atomic_write_text
+
+    with atomic_path(path) as tmp:  # readable like any other shipped file
+        save_file(state, str(tmp), metadata={"rtic": json.dumps(record)})
+    atomic_write_text(path.with_suffix(".json"), json.dumps(record, indent=2, default=str))
     return path
 
 

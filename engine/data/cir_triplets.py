@@ -370,10 +370,11 @@ def embed_triplets(
             tables = None
     if tables is None:
         tables = {"images": embed_images(backbone, paths, progress=progress), "texts": embed_texts(backbone, texts, progress=progress)}
-        cache.parent.mkdir(parents=True, exist_ok=True)
-        tmp = cache.with_name(cache.name + ".tmp")
-        save_file({k: v.contiguous() for k, v in tables.items()}, str(tmp), metadata={"fingerprint": backbone.fingerprint})
-        os.replace(tmp, cache)
+        from ..fileio import atomic_path
+
+        with atomic_path(cache) as tmp:
+            save_file({k: v.contiguous() for k, v in tables.items()}, str(tmp),
+                      metadata={"fingerprint": backbone.fingerprint})
     return TripletSet(tables["images"], tables["texts"], arrays["ref"], arrays["text"], arrays["tgt"], arrays["query"],
                       paths, texts, arrays["gallery"] if len(gallery) else None)
 

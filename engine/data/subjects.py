@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -100,10 +99,9 @@ def _read_cache(path: Path) -> Dict[str, Optional[str]]:
 
 
 def _write_cache(path: Path, data: Dict[str, Optional[str]]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data, ensure_ascii=False), encoding="utf-8")
-    os.replace(tmp, path)
+    from ..fileio import atomic_write_text
+
+    atomic_write_text(path, json.dumps(data, ensure_ascii=False))
 
 
 def replace_subjects(captions: Sequence[str], placeholder: str = "*", cache: bool = True,

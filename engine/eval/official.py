@@ -22,9 +22,7 @@ from __future__ import annotations
 import argparse
 import datetime as _dt
 import hashlib
-import os
 import sys
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
@@ -124,15 +122,9 @@ def embed_gallery(
                 pass  # damaged cache: embed again and overwrite
     emb = _embed_paths(paths, embed_images_fn, batch_size, f"embed {dataset.name}")
     if cache_file is not None:
-        cache_file.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{cache_file.name}.", suffix=".tmp", dir=str(cache_file.parent))
-        try:
-            with os.fdopen(fd, "wb") as f:
-                np.save(f, emb, allow_pickle=False)
-            os.replace(tmp, cache_file)
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
+        from ..fileio import atomic_save_npy
+
+        atomic_save_npy(cache_file, emb)
     return ids, emb
 
 

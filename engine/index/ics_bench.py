@@ -210,12 +210,13 @@ def plot_maps(fig: Dict, path: Path) -> Path:
         ax.legend(fontsize=8)
     f.tight_layout()
     path = Path(path)
-    tmp = path.with_name(f".{path.stem}.tmp.png")
-    f.savefig(tmp, dpi=110)
-    plt.close(f)
-    import os
+    from ..fileio import atomic_path
 
-    os.replace(tmp, path)
+    try:
+        with atomic_path(path) as tmp:
+            f.savefig(tmp, dpi=110, format="png")
+    finally:
+        plt.close(f)
     return path
 
 

@@ -1,7 +1,6 @@
 """FAISS vector indexes behind one small interface: exact, HNSW, IVF; GPU when CUDA FAISS is present."""
 from __future__ import annotations
 
-import os
 from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Tuple
@@ -95,9 +94,10 @@ class _FaissIndex(VectorIndex):
     def save(self, folder):
         if self.save_file:
             faiss = _faiss()
-            tmp = folder / (self.file_name + ".tmp")
-            faiss.write_index(self._cpu, str(tmp))
-            os.replace(tmp, folder / self.file_name)
+            from ..fileio import atomic_path
+
+            with atomic_path(folder / self.file_name) as tmp:
+                faiss.write_index(self._cpu, str(tmp))
 
     def load(self, folder, vectors):
         path = folder / self.file_name

@@ -44,6 +44,7 @@ import torch.nn.functional as F
 from ..compose.context_i2w import (ContextI2WComposer, ContextI2WConfig, ContextI2WMapper, checkpoint_name,
                                    count_parameters, load_authors_checkpoint, save_checkpoint)
 from ..errors import CheckpointError, InputError
+from ..fileio import atomic_write_bytes
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".webp", ".bmp")
 PATH_KEYS = ("image", "path", "file", "filepath", "filename", "img")
@@ -158,10 +159,9 @@ def _cache_root() -> Path:
 
 
 def _save_npy(path: Path, arr: np.ndarray) -> None:
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "wb") as f:
-        np.save(f, arr, allow_pickle=False)
-    os.replace(tmp, path)
+    from ..fileio import atomic_save_npy
+
+    atomic_save_npy(path, arr)
 
 
 def image_features(backbone, paths: Sequence[Path], batch_size: int = 32, cache: bool = True,
@@ -202,12 +202,9 @@ def image_features(backbone, paths: Sequence[Path], batch_size: int = 32, cache:
                 found[hashes[j]] = (e[k], t[k])
                 if cache:
                     f = folder / hashes[j][:2] / f"{hashes[j]}.npz"
-                    f.parent.mkdir(parents=True, exist_ok=True)
                     buf = io.BytesIO()
                     np.savez(buf, emb=e[k], tokens=t[k])
-                    tmp = f.with_name(f"{f.name}.{os.getpid()}.tmp")
-                    tmp.write_bytes(buf.getvalue())
-                    os.replace(tmp, f)
+                    atomic_write_bytes(f, buf.getvalue())
             bar.update(len(chunk))
     if not paths:
         return np.zeros((0, backbone.embed_dim), np.float32), np.zeros((0, 1, backbone.vision_width), np.float16)
@@ -331,10 +328,10 @@ def _schedule(total: int, warmup: int):
 
 
 def _atomic_torch_save(obj, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
+    from ..fileio import atomic_path
+
+    with atomic_path(path) as tmp:
+        torch.save(obj, tmp)
 
 
 def train_mapper(backbone, mapper: ContextI2WMapper, feats: PairFeatures, cfg: TrainConfig,

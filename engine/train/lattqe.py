@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import os
 import time
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
@@ -250,11 +249,14 @@ def _save_figure(fig, path: Path) -> Path:
     """Write a matplotlib figure atomically (temporary file, then rename) and close it."""
     import matplotlib.pyplot as plt
 
+    from ..fileio import atomic_path
+
     fig.tight_layout()
-    tmp = path.with_name(path.stem + ".tmp.png")
-    fig.savefig(tmp, dpi=110)
-    plt.close(fig)
-    os.replace(tmp, path)
+    try:
+        with atomic_path(path) as tmp:
+            fig.savefig(tmp, dpi=110, format="png")
+    finally:
+        plt.close(fig)
     return path
 
 
@@ -674,9 +676,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         res = evaluate_expanders(ex, ey, model, nqe_list=nqe_list, n_queries=args.eval_queries, seed=args.seed,
                                  progress=not args.quiet)
         res.update(source=source, fingerprint=fp, split=where)
-        tmp = args.report / f"{args.name}_eval.json.tmp"
-        tmp.write_text(json.dumps(res, indent=1))
-        os.replace(tmp, args.report / f"{args.name}_eval.json")
+        from ..fileio import atomic_write_text
+
+        atomic_write_text(args.report / f"{args.name}_eval.json", json.dumps(res, indent=1))
         plot_curves(res, args.report / f"{args.name}_map_vs_nqe.png",
                     title=f"mAP vs nQE, held-out {where} classes")
         plot_history(history, args.report / f"{args.name}_training.png")

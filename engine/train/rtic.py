@@ -128,10 +128,10 @@ def make_optimizer(params, cfg: TrainConfig):
 
 
 def _save_state(path: Path, state: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    torch.save(state, tmp)
-    os.replace(tmp, path)
+    from ..fileio import atomic_path
+
+    with atomic_path(path) as tmp:
+        torch.save(state, tmp)
 
 
 def _load_state(path: Path) -> dict:
