@@ -1,7 +1,10 @@
 """Builds and launches the composed image search demo (Hugging Face Space entry point)."""
 import os
 
-from demo.ui import allowed_paths, build_demo
+# Gradio's usage analytics rebuild a summary after every event, so a long-running server slows down; off.
+os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+
+from demo.ui import allowed_paths, build_demo  # noqa: E402
 
 demo = build_demo()
 

@@ -159,7 +159,7 @@ def build_demo(settings: Optional[Settings] = None, engine: Optional[SearchEngin
     settings = settings or Settings()
     engine = engine or load_default_engine(settings)
     # uploads and generated files in Gradio's cache are deleted after an hour (checked every hour)
-    with gr.Blocks(title=TITLE, delete_cache=(3600, 3600)) as demo:
+    with gr.Blocks(title=TITLE, delete_cache=(3600, 3600), analytics_enabled=False) as demo:
         gr.Markdown(f"# {TITLE}\n{INTRO}")
         gr.Markdown(h.info_markdown(engine), elem_id="backbone-info")
         with gr.Tabs():

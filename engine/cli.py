@@ -34,29 +34,57 @@ def _settings(args):
     return s
 
 
-def cmd_info(args) -> int:
-    from .backbones import create_backbone
+def _info_bench() -> int:
+    """Time ``python -m engine info`` against a bare ``import torch``, both in fresh processes, in one run."""
+    import subprocess
+    import time
 
+    def timed(argv):
+        t = time.perf_counter()
+        subprocess.run([sys.executable, *argv], check=True, stdout=subprocess.DEVNULL)
+        return time.perf_counter() - t
+
+    t_torch = timed(["-c", "import torch"])
+    t_info = timed(["-m", "engine", "info"])
+    t_torch2 = timed(["-c", "import torch"])        # after, too: the machine's load changes during the run
+    base = (t_torch + t_torch2) / 2
+    print(f"bare `import torch`: {base:.2f} s (runs: {t_torch:.2f}, {t_torch2:.2f})")
+    print(f"`python -m engine info`: {t_info:.2f} s")
+    print(f"info / import torch ratio {t_info / base:.2f} (limit 2.0)")
+    return 0
+
+
+def cmd_info(args) -> int:
+    if args.bench:
+        return _info_bench()
     s = _settings(args)
     out = {}
     if args.index:
+        from .backbones import create_backbone
         from .search import open_engine
 
         eng = open_engine(args.index, settings=s,
                           backbone=create_backbone(s.backbone, s.device) if args.backbone else None)
         out = eng.info()
     else:
-        b = create_backbone(s.backbone, s.device)
-        out["backbone"] = b.describe()
+        # answered without loading any model: what is asked for, what exists, what the machine has
         import torch
 
-        out["cuda"] = torch.cuda.is_available()
-        from .index.vectors import gpu_count
-
-        out["faiss_gpus"] = gpu_count()
+        from .backbones.factory import BACKBONES
         from .compose import COMPOSERS
         from .expand import EXPANDERS
 
+        if args.load:
+            from .backbones import create_backbone
+            from .index.vectors import gpu_count
+
+            out["backbone"] = create_backbone(s.backbone, s.device).describe()
+            out["faiss_gpus"] = gpu_count()
+        else:
+            out["backbone"] = {"requested": s.backbone, "device": s.device,
+                               "loaded": False, "note": "add --load to load it and say which one is live and why"}
+        out["cuda"] = torch.cuda.is_available()
+        out["backbones"] = BACKBONES.names()
         out["composers"] = COMPOSERS.names()
         out["expanders"] = EXPANDERS.names()
     print(json.dumps(out, indent=2, default=str))
@@ -127,7 +155,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     sp = sub.add_parser("info", help="backbone, device, index stats")
     _add_backbone(sp)
-    sp.add_argument("--index", default=None, help="index folder to describe")
+    sp.add_argument("--index", default=None, help="index folder to describe (`gallery`: the demo's own index)")
+    sp.add_argument("--load", action="store_true", help="load the backbone (and FAISS) to say which one is live and why")
+    sp.add_argument("--bench", action="store_true",
+                    help="time `info` against a bare `import torch`, both in fresh processes")
 
     sp = sub.add_parser("index", help="index a folder or zip of images")
     sp.add_argument("source", help="folder or .zip of images; with --runner ray also a .txt list or .parquet/.csv of paths")
@@ -144,7 +175,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--shard-size", type=int, default=256, help="--runner ray: images per resumable shard")
 
     sp = sub.add_parser("search", help="search an index")
-    sp.add_argument("--index", required=True)
+    sp.add_argument("--index", required=True, help="index folder (`gallery`: the demo's own index)")
     sp.add_argument("--image", default=None, help="reference image path, or gallery:ID")
     sp.add_argument("--text", default=None)
     sp.add_argument("--negative", default=None, help="negative text (sum method)")

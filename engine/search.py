@@ -200,14 +200,19 @@ class SearchEngine:
         out.update(self.unavailable)
         return out
 
+    def method_status(self) -> Dict[str, str]:
+        """{composer name: "available" or the reason it is not} (what ``info`` prints)."""
+        return {n: (reason or "available") for n, reason in self.methods().items()}
+
     def info(self) -> dict:
         import platform
 
         return {
             "backbone": self.backbone.describe(),
             "index": self.index.stats(),
-            "methods": self.methods(),
-            "expanders": {**{n: None for n in self.expanders}, **self.expanders_unavailable},
+            "methods": self.method_status(),
+            "expanders": {**{n: "available" for n in self.expanders},
+                          **{n: (r or "available") for n, r in self.expanders_unavailable.items()}},
             "feature_cache": {"entries": len(self.cache._d), "hits": self.cache.hits, "misses": self.cache.misses},
             "machine": platform.platform(),
         }
@@ -363,6 +368,8 @@ def open_engine(index_dir, backbone: Optional[Backbone] = None, settings: Option
     from .backbones import create_backbone
 
     settings = settings or Settings()
+    if str(index_dir) == "gallery":      # the demo's own index (the one `python app.py` builds and serves)
+        index_dir = settings.resolved_index_dir()
     if backbone is None:
         meta_backbone = GalleryIndex.load(index_dir, build_vectors=False).meta.get("backbone", "")
         backbone = create_backbone(_backbone_name_for(meta_backbone) or settings.backbone, settings.device)

@@ -30,7 +30,10 @@ def load_default_engine(settings: Optional[Settings] = None, progress=None) -> S
         try:
             return open_engine(out, backbone=backbone, settings=settings)
         except IndexLoadError as exc:
-            log.warning("building the gallery index at %s (%s)", out, exc)
+            if (Path(out) / "CURRENT").exists():
+                log.warning("rebuilding the gallery index at %s (%s)", out, exc)
+            else:
+                log.warning("building the gallery index (first start) at %s", out)
         index_source(settings.gallery, out, backbone, settings=settings, progress=progress)
         return open_engine(out, backbone=backbone, settings=settings)
 
