@@ -137,6 +137,24 @@ def _search_controls(engine: SearchEngine, prefix: str, with_compare: bool = Fal
     return image, text, method, alpha, k, lattqe, expander, nqe, button, gallery, explanation, raw, ids
 
 
+def _prepare_status(engine: SearchEngine, method, lattqe) -> None:
+    """CIS_PREPARE: a status line fed by engine.background; the method list and LAttQE box follow it."""
+    from engine.background import start_for
+
+    bg = start_for(engine)
+    if bg is None:
+        return
+    line = gr.Markdown(bg.markdown(), elem_id="prepare-status")
+
+    def tick():
+        reason = engine.expanders_unavailable.get("lattqe")
+        return (bg.markdown(), gr.update(choices=method_choices(engine)),
+                gr.update(interactive=reason is None,
+                          info="re-forms the query from its top results" if reason is None else f"unavailable: {reason}"))
+
+    gr.Timer(3).tick(tick, None, [line, method, lattqe], api_name=False, show_progress="hidden")
+
+
 def build_demo(settings: Optional[Settings] = None, engine: Optional[SearchEngine] = None) -> gr.Blocks:
     settings = settings or Settings()
     engine = engine or load_default_engine(settings)
@@ -148,6 +166,7 @@ def build_demo(settings: Optional[Settings] = None, engine: Optional[SearchEngin
             with gr.Tab("Search the gallery", id="main"):
                 (image, text, method, alpha, k, lattqe, expander, nqe, button, gallery, explanation, raw,
                  ids, compare_btn, compare_out) = _search_controls(engine, "", with_compare=True)
+                _prepare_status(engine, method, lattqe)
                 with gr.Row(elem_id="share-row"):
                     share_link = gr.Textbox(label="Link to this query", interactive=False, elem_id="share-link",
                                             placeholder="run a search to get a shareable link", scale=4,

@@ -70,10 +70,11 @@ def bundled_dir() -> Path:
 
 def prepared_dir(create: bool = False) -> Path:
     """Where ``python -m engine prepare`` and the Space's background prepare put checkpoints by default
-    (inside the cache dir, so a mounted persistent volume keeps them between starts)."""
+    (inside the cache dir, so a mounted persistent volume keeps them between starts; ``CIS_PREPARED_DIR``
+    overrides it)."""
     from .config import cache_dir
 
-    path = cache_dir() / "checkpoints"
+    path = Path(os.environ["CIS_PREPARED_DIR"]) if os.environ.get("CIS_PREPARED_DIR") else cache_dir() / "checkpoints"
     if create:
         path.mkdir(parents=True, exist_ok=True)
     return path

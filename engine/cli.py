@@ -192,7 +192,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="keep the reference image among its own results (left out by default, as in CIRR)")
     _add_backbone(sp)
 
-    for name, helptext in (("train", "train a learned part"), ("eval", "evaluate"), ("bench", "benchmarks"),
+    for name, helptext in (("train", "train a learned part"),
+                           ("prepare", "make every learned part available for a backbone"), ("eval", "evaluate"), ("bench", "benchmarks"),
                            ("compare", "run one query through every method"), ("loadtest", "load-test a server")):
         sp = sub.add_parser(name, help=helptext, add_help=False)
         sp.add_argument("rest", nargs=argparse.REMAINDER)
@@ -203,7 +204,7 @@ def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     verbose = [a for a in argv[:1] if a in ("-v", "--verbose")]
     rest = argv[len(verbose):]
-    if rest and rest[0] in ("train", "eval", "bench", "compare", "loadtest"):
+    if rest and rest[0] in ("train", "eval", "bench", "compare", "loadtest", "prepare"):
         # these stages parse their own options
         logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(levelname)s %(message)s")
         argv = [*verbose, rest[0], "--", *rest[1:]]
@@ -218,9 +219,9 @@ def main(argv=None) -> int:
                 print("usage: python -m engine train {" + ",".join(TRAINERS) + "} [options]", file=sys.stderr)
                 return 2
             return cmd_module(TRAINERS[args.rest[0]][0], args.rest[1:])
-        if args.command in ("eval", "bench", "compare", "loadtest"):
+        if args.command in ("eval", "bench", "compare", "loadtest", "prepare"):
             module = {"eval": "engine.eval.cli", "bench": "engine.bench", "compare": "engine.compare",
-                      "loadtest": "engine.loadtest"}[args.command]
+                      "loadtest": "engine.loadtest", "prepare": "engine.prepare"}[args.command]
             return cmd_module(module, args.rest)
         return {"info": cmd_info, "index": cmd_index, "search": cmd_search}[args.command](args)
     except EngineError as exc:

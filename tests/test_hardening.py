@@ -404,3 +404,20 @@ def test_the_next_uploader_is_told_its_queue_position(app_server, tmp_path, monk
         time.sleep(0.05)
     assert "**60**" in first.result() and "**2**" in second.result()
     assert seen and seen[0][0] == 0, seen  # "queue: 1/…" (rank 0 = next in line) while the first upload ran
+
+
+def test_markdown_in_zip_member_names_stays_text(gallery_engine, tmp_path, monkeypatch):
+    from demo import handlers as h
+    from engine.service import drop_session_engine
+
+    monkeypatch.setenv("CIS_CACHE_DIR", str(tmp_path / "cache"))
+    archive = tmp_path / "names.zip"
+    with zipfile.ZipFile(archive, "w") as z:
+        z.writestr("good.jpg", sorted(GALLERY.rglob("*.jpg"))[0].read_bytes())
+        z.writestr("![x](http&#58;host.example) [log in](https:evil.example).jpg", b"not an image")
+    key, msg = h.index_upload(gallery_engine, None, str(archive), progress=lambda *a, **k: None)
+    try:
+        rendered = _rendered(msg)
+        assert "Skipped 1" in msg and "log in" in rendered and "<a " not in rendered and "<img" not in rendered
+    finally:
+        drop_session_engine(key)

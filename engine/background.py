@@ -1,0 +1,152 @@
+"""Background ``prepare`` for a running app (a Space prepares itself).
+
+``CIS_PREPARE``: ``auto`` (default: on when ``SPACE_ID`` is set, i.e. on a Hugging Face Space, off elsewhere),
+``on`` or ``off``. When on, :func:`start` runs :func:`engine.prepare.prepare` for the live backbone in a
+daemon thread with ``CIS_PREPARE_BUDGET_MIN`` minutes (default 30), writing into the prepared-checkpoint
+cache (``$CIS_CACHE_DIR/checkpoints``: persistent storage when ``CIS_CACHE_DIR`` points at it; found again at
+the next start; ``CIS_PREPARED_DIR`` overrides that folder, ``CIS_PREPARE_PARTS`` limits the parts). After each part the engine re-tries its unavailable composers and expanders, so a method
+becomes selectable without a restart; searches keep using the available methods meanwhile.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from typing import Optional
+
+from .prepare import PARTS, Status
+
+log = logging.getLogger(__name__)
+LABEL = {"context-i2w": "Context-I2W", "rtic": "RTIC", "lattqe": "LAttQE", "ics": "ICS-64 index"}
+
+
+def mode() -> bool:
+    """Whether the app prepares by itself (``CIS_PREPARE``; unknown values are refused)."""
+    value = os.environ.get("CIS_PREPARE", "auto").strip().lower() or "auto"
+    if value == "auto":
+        return bool(os.environ.get("SPACE_ID"))
+    if value in ("on", "1", "true", "yes"):
+        return True
+    if value in ("off", "0", "false", "no"):
+        return False
+    raise ValueError(f"CIS_PREPARE={value!r}: use auto, on or off")
+
+
+def budget_min() -> float:
+    return float(os.environ.get("CIS_PREPARE_BUDGET_MIN", "30") or 30)
+
+
+def parts() -> list:
+    """``CIS_PREPARE_PARTS`` (comma list; default every part)."""
+    raw = os.environ.get("CIS_PREPARE_PARTS", "").strip()
+    return [p.strip() for p in raw.split(",") if p.strip()] if raw else list(PARTS)
+
+
+def refresh(engine) -> list:
+    """Re-tries the engine's unavailable composers / expanders (their checkpoints may have landed);
+    returns the names that became available."""
+    from .compose import COMPOSERS
+    from .compose.base import ComposerUnavailable
+    from .errors import CheckpointError
+    from .expand import EXPANDERS, ExpanderUnavailable
+
+    ckpt, bb, new = engine.settings.checkpoints, engine.backbone, []
+    for name in list(engine.unavailable):
+        try:
+            composer = COMPOSERS.get(name)(bb, checkpoint_dir=ckpt)
+        except (ComposerUnavailable, CheckpointError) as exc:
+            engine.unavailable[name] = str(exc)
+            continue
+        engine.composers[name] = composer
+        engine.unavailable.pop(name, None)
+        new.append(name)
+    for name in list(engine.expanders_unavailable):
+        try:
+            expander = EXPANDERS.get(name)(embed_dim=bb.embed_dim, checkpoint_dir=ckpt, fingerprint=bb.fingerprint)
+        except (ExpanderUnavailable, CheckpointError) as exc:
+            engine.expanders_unavailable[name] = str(exc)
+            continue
+        engine.expanders[name] = expander
+        engine.expanders_unavailable.pop(name, None)
+        new.append(name)
+    return new
+
+
+class BackgroundPrepare:
+    """One background prepare run for ``engine``'s backbone; :attr:`status` is read by the page."""
+
+    def __init__(self, engine, budget: Optional[float] = None, parts=None, spec: Optional[str] = None):
+        self.engine, self.parts = engine, list(parts) if parts else globals()["parts"]()
+        self.budget = budget if budget is not None else budget_min()
+        self.spec = spec or engine.settings.backbone
+        self.status = Status(state={p: "waiting" for p in self.parts})
+        self.thread: Optional[threading.Thread] = None
+        self.error = ""
+
+    def start(self) -> "BackgroundPrepare":
+        self.thread = threading.Thread(target=self._run, name="cis-prepare", daemon=True)
+        self.thread.start()
+        return self
+
+    def _run(self) -> None:
+        from .prepare import prepare
+
+        status, engine = self.status, self.engine
+        original = dict.__setitem__
+
+        def on_change():
+            try:
+                refresh(engine)
+            except Exception:  # a refresh failure must not stop the run
+                log.exception("refreshing methods after prepare")
+
+        class StateDict(dict):
+            def __setitem__(self, key, value):
+                original(self, key, value)
+                if value in ("available", "failed"):
+                    on_change()
+
+        status.state = StateDict(status.state)
+        try:
+            prepare(self.spec, None, self.parts, self.budget, device=engine.settings.device, quiet=True,
+                    status=status)
+        except Exception as exc:
+            self.error = f"{exc.__class__.__name__}: {exc}"
+            log.exception("background prepare failed")
+            for p in self.parts:
+                if status.state.get(p) != "available":
+                    status.state[p], status.error[p] = "failed", self.error
+        on_change()
+
+    def markdown(self) -> str:
+        """One line per learned part: available / preparing NN % / waiting / failed: why."""
+        return status_markdown(self.status, self.parts)
+
+
+def status_markdown(status: Status, parts=PARTS) -> str:
+    items = []
+    for p in parts:
+        state = status.state.get(p, "waiting")
+        if state == "preparing":
+            text = f"preparing {status.percent(p)} %"
+        elif state == "waiting":
+            text = "preparing (queued)"
+        elif state == "failed":
+            text = f"failed: {status.error.get(p, 'unknown error')[:120]}"
+        else:
+            text = state
+        items.append(f"**{LABEL.get(p, p)}**: {text}")
+    return "Learned methods for this backbone — " + " · ".join(items)
+
+
+_RUNNING: dict = {}
+
+
+def start_for(engine) -> Optional[BackgroundPrepare]:
+    """Starts (once per engine) the background prepare when :func:`mode` says so; None otherwise."""
+    if not mode():
+        return None
+    key = id(engine)
+    if key not in _RUNNING:
+        _RUNNING[key] = BackgroundPrepare(engine).start()
+    return _RUNNING[key]

@@ -1,0 +1,382 @@
+"""``python -m engine prepare``: make every learned part available for one backbone.
+
+For each part asked for (``context-i2w``, ``rtic``, ``lattqe``, ``ics``) that the checkpoint layer
+(:mod:`engine.checkpoints`) cannot already find for the backbone's fingerprint (or always with ``--force``),
+the part's own trainer runs on the data this machine has (the offline sets, plus ``--data`` sources) and
+writes ``<part>-<backbone slug>.safetensors`` + sidecar into ``--out`` (default: the prepared-checkpoint
+cache, searched after ``CIS_CHECKPOINTS``).
+
+Budget planning: the total ``--budget-min`` is shared between the parts (Context-I2W 45 %, RTIC 20 %,
+LAttQE 20 %, ICS 15 %, re-shared when fewer parts run). Each trainer first runs a short probe (one epoch on a
+small slice) whose wall time gives a measured cost per training unit (pair-epoch, triplet-epoch, query, item
+epoch); the run then gets as many units as fit its share after the probe, with at least one epoch. On a short
+budget without CUDA the Context-I2W mapper is the small configuration. The plan and the measured costs are
+written into the checkpoint's ``.json`` sidecar under ``"prepare"``.
+
+Resumable: a finished part is found and skipped on the next run; the plan of an unfinished run is kept in
+``<cache>/prepare/<slug>/<part>/plan.json`` and reused (no second probe), and Context-I2W / RTIC continue
+from their saved training state. CUDA is used when present (``--device auto``).
+
+``--context-i2w-checkpoint PATH_OR_URL --sha256 HEX`` converts the authors' released ``IM2TEXT_OWM_Attn``
+checkpoint instead of training Context-I2W (see :mod:`engine.fetch`).
+
+At the end a table lists part -> source (trained / converted / existing) -> file -> held-out (validation)
+figure.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence
+
+from .checkpoints import file_name, prepared_dir, slug
+from .errors import EngineError, InputError
+
+PARTS = ("context-i2w", "rtic", "lattqe", "ics")
+SHARE = {"context-i2w": 0.45, "rtic": 0.20, "lattqe": 0.20, "ics": 0.15}
+ICS_BITS = 64
+LATTQE_SETS = "emoji,photos"
+
+
+@dataclass
+class Row:
+    part: str
+    source: str  # trained | converted | existing | failed
+    file: str = ""
+    held_out: str = ""
+    seconds: float = 0.0
+    error: str = ""
+
+
+@dataclass
+class Status:
+    """What a background prepare reports (read by the app's status line)."""
+    state: Dict[str, str] = field(default_factory=dict)  # part -> waiting | preparing | available | failed
+    fraction: Dict[str, float] = field(default_factory=dict)
+    error: Dict[str, str] = field(default_factory=dict)
+    started: Dict[str, float] = field(default_factory=dict)  # part -> perf_counter at the start of its run
+    planned_s: Dict[str, float] = field(default_factory=dict)
+
+    def percent(self, part: str) -> int:
+        """Progress of ``part`` in %: probe done = 20 %, then by elapsed time against the plan (max 99 %)."""
+        if self.state.get(part) == "available":
+            return 100
+        frac = self.fraction.get(part, 0.0)
+        if part in self.started and self.planned_s.get(part):
+            frac = 0.2 + 0.8 * min((time.perf_counter() - self.started[part]) / self.planned_s[part], 0.99)
+        return int(round(100 * min(frac, 0.99)))
+
+
+# -- finding what exists --------------------------------------------------------------------------------
+
+
+def find_existing(part: str, backbone, checkpoint_dir) -> Optional[Path]:
+    """The checkpoint the layer would load for ``part`` and this backbone, or None."""
+    fp = backbone.fingerprint
+    if part == "context-i2w":
+        from .compose.context_i2w import find_checkpoints
+        hits = [p for p, _ in find_checkpoints(checkpoint_dir, fp)]
+    elif part == "rtic":
+        from .compose.rtic import find_checkpoints
+        hits = [p for p, _ in find_checkpoints(checkpoint_dir, fp)]
+    elif part == "lattqe":
+        from .expand.lattqe import find_checkpoints
+        hits = [p.with_suffix(".safetensors") for p in find_checkpoints(checkpoint_dir, fp, backbone.embed_dim)]
+    elif part == "ics":
+        from .index.ics_index import find_ics_checkpoints
+        hits = [p for p, _ in find_ics_checkpoints(ICS_BITS, checkpoint_dir, fp, backbone.embed_dim)]
+    else:
+        raise InputError(f"unknown part {part!r}; choose from {', '.join(PARTS)}")
+    return hits[0] if hits else None
+
+
+def target_path(part: str, backbone, out: Path) -> Path:
+    name = {"context-i2w": "context_i2w", "ics": f"ics-{ICS_BITS}"}.get(part, part)
+    return out / file_name(name, backbone.name if part != "ics" else backbone.fingerprint)
+
+
+# -- running the trainers -------------------------------------------------------------------------------
+
+
+def _run_trainer(module: str, argv: List[str], quiet: bool) -> float:
+    """Runs ``module.main(argv)`` in this process; returns its wall time. Trainer stdout (JSON summaries)
+    is swallowed; their tqdm bars (stderr) show unless ``quiet``."""
+    import importlib
+
+    import threading
+
+    mod = importlib.import_module(module)
+    t0 = time.perf_counter()
+    # trainers print JSON summaries; the CLI swallows them (the table says it all). In a background
+    # thread (the app) nothing is redirected: sys.stdout/stderr are process-wide.
+    main_thread = threading.current_thread() is threading.main_thread()
+    with contextlib.redirect_stdout(io.StringIO()) if main_thread else contextlib.nullcontext():
+        if quiet and main_thread:
+            with contextlib.redirect_stderr(io.StringIO()):
+                rc = mod.main(argv)
+        else:
+            rc = mod.main(argv)
+    if rc:
+        raise EngineError(f"{module} exited with status {rc}")
+    return time.perf_counter() - t0
+
+
+def _argv(part: str, spec: str, device: str, out: Path, run_dir: Path, units: int, probe: bool,
+          small: bool, data: Dict[str, str], quiet: bool) -> List[str]:
+    """Trainer arguments; ``units`` is the planned amount of work (see module doc)."""
+    common = ["--backbone", spec, "--device", device]
+    if part == "context-i2w":
+        pairs, epochs = units
+        a = [*common, "--data", data.get("captions", "captions"), "--out", str(out),
+             "--name", target_path(part, _BB[spec], out).name, "--run-dir", str(run_dir),
+             "--epochs", str(epochs), "--max-pairs", str(pairs), "--eval-cir", ""]
+        if probe:
+            a += ["--val-split", "", "--val-fraction", "0"]
+        if small:
+            a.append("--small")
+        if not probe and (run_dir / "state.pt").exists():
+            a.append("--resume")
+    elif part == "rtic":
+        (epochs,) = units
+        a = [*common, "--out", str(out), "--run-dir", str(run_dir), "--epochs", str(epochs),
+             "--eval-split", "" if probe else "val"]
+        if "fashioniq" in data:
+            a += ["--data", "fashioniq", "--root", data["fashioniq"]]
+        elif "cirr" in data:
+            a += ["--data", "cirr", "--root", data["cirr"]]
+        if not probe and any(run_dir.glob("*state*")):
+            a.append("--resume")
+    elif part == "lattqe":
+        epochs, queries = units
+        a = [*common, "--labelled", LATTQE_SETS, "--out", str(out), "--name",
+             target_path(part, _BB[spec], out).stem, "--epochs", str(epochs), "--queries-per-epoch", str(queries)]
+        if probe:
+            a += ["--eval-queries", "16", "--val-queries", "32"]
+    else:
+        (epochs,) = units
+        a = [*common, "--data", "multilabel", "--bits", str(ICS_BITS), "--epochs", str(epochs), "--out", str(out)]
+    if quiet and part in ("lattqe", "ics", "rtic", "context-i2w"):
+        a.append("--quiet")
+    return a
+
+
+MODULES = {"context-i2w": "engine.train.context_i2w", "rtic": "engine.train.rtic",
+           "lattqe": "engine.train.lattqe", "ics": "engine.train.ics"}
+# probe sizes and how units scale: (probe units, full-size units, callable(units_budget) -> units)
+PROBE = {"context-i2w": (128, 1), "rtic": (1,), "lattqe": (1, 128), "ics": (5,)}
+_BB: Dict[str, object] = {}
+
+
+SAFETY = 0.5  # plan 50 % of the share: the machine's load can change between the probe and the run
+
+
+def plan_units(part: str, probe_units, probe_s: float, seconds: float, small: bool) -> tuple:
+    """Units for the real run from the probe's measured cost, filling ``SAFETY`` x ``seconds`` (the part's
+    share) after the probe."""
+    left = max(SAFETY * (seconds - probe_s), probe_s)  # at least as much as the probe again
+    if part == "context-i2w":
+        per_pair = probe_s / probe_units[0]  # upper bound: includes the run's fixed cost
+        pair_epochs = int(left / per_pair)
+        pairs = max(256, min(4096, pair_epochs))
+        epochs = max(1, min(10, pair_epochs // pairs))
+        return pairs, epochs
+    if part == "rtic":
+        return (max(2, min(30, int(left / probe_s))),)
+    if part == "lattqe":
+        per_q = probe_s / probe_units[1]
+        total = int(left / per_q)
+        queries = max(128, min(2048, total // 4))
+        return max(1, min(40, total // queries)), queries
+    return (max(5, min(60, int(left / probe_s * probe_units[0]))),)
+
+
+def _held_out(part: str, sidecar: dict) -> str:
+    """The validation figure a part's trainer stored (never used to choose anything here)."""
+    try:
+        if part == "context-i2w":
+            r = sidecar["training"]["held_out"]["pairs"]
+            return f"{r['split']} caption->image R@10 {r['recall']['context-i2w']['R@10']:.2f} %"
+        if part == "rtic":
+            split = sidecar.get("prepare", {}).get("eval_split", "held-out")
+            return f"{split} composed R@10 {sidecar['held_out']['R@10']:.2f} %"
+        if part == "lattqe":
+            return f"val mAP@nQE {sidecar['val_map']:.3f} (no QE {sidecar['val_map_none']:.3f})"
+        if part == "ics":
+            return f"held-out mAP {sidecar['eval']['map_ics']:.3f} (LSH {sidecar['eval']['map_lsh']:.3f})"
+    except (KeyError, TypeError):
+        pass
+    return "see sidecar"
+
+
+def _annotate(path: Path, info: dict) -> dict:
+    from .fileio import atomic_write_text
+
+    side = path.with_suffix(".json")
+    record = json.loads(side.read_text()) if side.is_file() else {}
+    record["prepare"] = info
+    atomic_write_text(side, json.dumps(record, indent=1, default=str) + "\n")
+    return record
+
+
+def prepare(backbone: str = "auto", out: Optional[os.PathLike] = None, parts: Sequence[str] = PARTS,
+            budget_min: float = 30.0, data: Sequence[str] = (), force: bool = False,
+            context_i2w_checkpoint: Optional[str] = None, sha256: Optional[str] = None, device: str = "auto",
+            quiet: bool = False, status: Optional[Status] = None) -> List[Row]:
+    """Makes ``parts`` available for ``backbone``; returns one :class:`Row` per part (see module doc)."""
+    from .backbones import create_backbone
+    from .config import resolve_device
+
+    parts = [p.strip() for p in parts if p.strip()]
+    bad = [p for p in parts if p not in PARTS]
+    if bad:
+        raise InputError(f"unknown part {bad[0]!r}; choose from {', '.join(PARTS)}")
+    if budget_min <= 0:
+        raise InputError("--budget-min must be positive")
+    sources = _parse_data(data)
+    if context_i2w_checkpoint and not sha256:
+        raise InputError("--context-i2w-checkpoint needs --sha256 HEX (the file's expected SHA-256)")
+    if context_i2w_checkpoint:
+        from .fetch import _check_hex
+
+        _check_hex(sha256)
+    device = resolve_device(device)
+    bb = create_backbone(backbone, device)
+    spec = backbone
+    _BB[spec] = bb
+    out = Path(out) if out else prepared_dir()  # created by the first checkpoint written into it
+    search = os.pathsep.join([str(out), os.environ.get("CIS_CHECKPOINTS", "")])
+    status = status or Status()
+    for p in parts:
+        status.state[p], status.fraction[p] = "waiting", 0.0
+    deadline = time.perf_counter() + budget_min * 60
+    small = device != "cuda" and budget_min < 120
+    rows: List[Row] = []
+    todo = list(parts)
+    while todo:
+        part = todo.pop(0)
+        t0 = time.perf_counter()
+        status.state[part] = "preparing"
+        try:
+            row = _prepare_part(part, bb, spec, device, out, search, force, sources, small, quiet, deadline,
+                                todo, context_i2w_checkpoint, sha256, status, budget_min)
+            status.state[part] = "available"
+            status.fraction[part] = 1.0
+        except Exception as exc:  # one part failing does not stop the others
+            from .fetch import ChecksumError
+
+            if isinstance(exc, ChecksumError):  # the wrong file: refuse the whole run, write nothing
+                raise
+            row = Row(part, "failed", error=f"{exc.__class__.__name__}: {exc}"[:300])
+            status.state[part], status.error[part] = "failed", row.error
+        row.seconds = round(time.perf_counter() - t0, 1)
+        rows.append(row)
+    return rows
+
+
+def _parse_data(specs: Sequence[str]) -> Dict[str, str]:
+    """``--data KIND=PATH``: captions=<folder|csv|jsonl> (Context-I2W), fashioniq=<root> / cirr=<root> (RTIC)."""
+    out = {}
+    for s in specs:
+        kind, sep, path = str(s).partition("=")
+        if not sep or kind not in ("captions", "fashioniq", "cirr") or not path:
+            raise InputError(f"--data {s!r}: expected captions=PATH, fashioniq=ROOT or cirr=ROOT")
+        if not Path(path).exists():
+            raise InputError(f"--data {s!r}: {path} does not exist")
+        out[kind] = path
+    return out
+
+
+def _prepare_part(part, bb, spec, device, out, search, force, sources, small, quiet, deadline, todo,
+                  ci2w_ckpt, sha256, status, budget_min) -> Row:
+    if not force:
+        found = find_existing(part, bb, search)
+        if found is not None:
+            side = found.with_suffix(".json")
+            rec = json.loads(side.read_text()) if side.is_file() else {}
+            return Row(part, "existing", str(found), _held_out(part, rec))
+    if part == "context-i2w" and ci2w_ckpt:
+        from .fetch import fetch_verified
+
+        local = fetch_verified(ci2w_ckpt, sha256, quiet=quiet)
+        target = target_path(part, bb, out)
+        _run_trainer(MODULES[part], ["--backbone", spec, "--device", device, "--checkpoint", str(local),
+                                     "--epochs", "0", "--out", str(out), "--name", target.name,
+                                     "--eval-cir", "", "--val-split", ""], quiet)
+        rec = _annotate(target, {"source": "converted", "from": os.path.basename(str(ci2w_ckpt)),
+                                 "sha256": sha256.lower()})
+        return Row(part, "converted", str(target), _held_out(part, rec))
+    remaining = max(deadline - time.perf_counter(), 1.0)
+    weights = [SHARE[p] for p in [part, *todo]]
+    seconds = remaining * SHARE[part] / sum(weights)
+    run_dir = prepared_dir(create=True).parent / "prepare" / slug(bb.fingerprint) / part
+    run_dir.mkdir(parents=True, exist_ok=True)
+    plan_file = run_dir / "plan.json"
+    plan = json.loads(plan_file.read_text()) if plan_file.is_file() else None
+    module = MODULES[part]
+    if plan is None or plan.get("fingerprint") != bb.fingerprint or plan.get("budget_min") != budget_min:
+        import shutil
+
+        shutil.rmtree(run_dir / "run", ignore_errors=True)  # its state belongs to another plan
+        probe = PROBE[part]
+        status.fraction[part] = 0.05
+        probe_out = run_dir / "probe"
+        probe_s = _run_trainer(module, _argv(part, spec, device, probe_out, run_dir / "probe-run", probe, True,
+                                             small, sources, quiet), quiet)
+        units = plan_units(part, probe, probe_s, seconds, small)
+        plan = {"fingerprint": bb.fingerprint, "budget_min": budget_min, "budget_s": round(seconds, 1), "probe_units": list(probe),
+                "probe_s": round(probe_s, 2), "units": list(units), "small_mapper": small, "device": device}
+        from .fileio import atomic_write_text
+
+        atomic_write_text(plan_file, json.dumps(plan))
+    status.fraction[part] = 0.2
+    status.started[part], status.planned_s[part] = time.perf_counter(), max(seconds - plan["probe_s"], 1.0)
+    run_s = _run_trainer(module, _argv(part, spec, device, out, run_dir / "run", tuple(plan["units"]), False,
+                                       plan["small_mapper"], sources, quiet), quiet)
+    target = target_path(part, bb, out)
+    if not target.is_file():
+        raise EngineError(f"the {part} trainer finished without writing {target.name}")
+    unit_names = {"context-i2w": ["pairs", "epochs"], "rtic": ["epochs"], "lattqe": ["epochs", "queries_per_epoch"],
+                  "ics": ["epochs"]}[part]
+    info = {"source": "trained", "command": "python -m engine prepare", **plan,
+            "units": dict(zip(unit_names, plan["units"])), "train_s": round(run_s, 1)}
+    rec = _annotate(target, info)
+    plan_file.unlink(missing_ok=True)
+    return Row(part, "trained", str(target), _held_out(part, rec))
+
+
+def format_table(rows: List[Row]) -> str:
+    head = "| part | source | file | held-out | seconds |\n|---|---|---|---|---|"
+    lines = [f"| {r.part} | {r.source} | {Path(r.file).name if r.file else '-'} | "
+             f"{r.held_out or r.error or '-'} | {r.seconds:.0f} |" for r in rows]
+    return "\n".join([head, *lines])
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m engine prepare", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--backbone", default=os.environ.get("CIS_BACKBONE", "auto"))
+    ap.add_argument("--device", default="auto")
+    ap.add_argument("--out", default=None, help="checkpoint folder (default: the prepared-checkpoint cache)")
+    ap.add_argument("--parts", default=",".join(PARTS), help="comma list of " + ", ".join(PARTS))
+    ap.add_argument("--budget-min", type=float, default=30.0, help="total wall-time budget in minutes")
+    ap.add_argument("--data", action="append", default=[], help="captions=PATH, fashioniq=ROOT or cirr=ROOT")
+    ap.add_argument("--force", action="store_true", help="retrain parts that already exist")
+    ap.add_argument("--context-i2w-checkpoint", default=None, help="authors' IM2TEXT_OWM_Attn file or http(s) URL")
+    ap.add_argument("--sha256", default=None, help="expected SHA-256 of --context-i2w-checkpoint")
+    ap.add_argument("--quiet", action="store_true")
+    args = ap.parse_args(argv)
+    t0 = time.perf_counter()
+    rows = prepare(args.backbone, args.out, args.parts.split(","), args.budget_min, args.data, args.force,
+                   args.context_i2w_checkpoint, args.sha256, args.device, args.quiet)
+    print(format_table(rows))
+    print(f"total wall time: {time.perf_counter() - t0:.0f} s (budget {args.budget_min * 60:.0f} s)")
+    return 1 if any(r.source == "failed" for r in rows) else 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main())

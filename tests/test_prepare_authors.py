@@ -1,0 +1,62 @@
+"""`prepare --context-i2w-checkpoint URL --sha256 HEX`: the authors' format served over loopback HTTP."""
+import functools
+import hashlib
+import http.server
+import threading
+
+import pytest
+import torch
+
+from test_context_i2w import _authors_state, _reference_forward
+
+
+@pytest.fixture
+def served(tmp_path):
+    root = tmp_path / "srv"
+    root.mkdir()
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(root))
+    handler.log_message = lambda *a, **k: None
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield root, f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+def test_authors_checkpoint_over_http_converts_and_wrong_sha_is_refused(tmp_path, monkeypatch, served, tiny):
+    from engine.compose.context_i2w import load_checkpoint
+    from engine.errors import InputError
+    from engine.prepare import main
+
+    root, base = served
+    monkeypatch.setenv("CIS_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("CIS_CHECKPOINTS", str(tmp_path / "empty"))
+    # their key names and shapes at the tiny backbone's sizes (one extractor layer, 8 heads x 64)
+    sd = _authors_state(C=tiny.embed_dim, W=tiny.vision_width, OUT=tiny.token_dim, MID=48, depth=1)
+    torch.save({"epoch": 3, "state_dict_img2text": {f"module.{k}": v for k, v in sd.items()}}, root / "ci2w.pt")
+    sha = hashlib.sha256((root / "ci2w.pt").read_bytes()).hexdigest()
+
+    bad_out = tmp_path / "bad"
+    with pytest.raises(InputError, match="SHA-256"):
+        main(["--backbone", "tiny", "--out", str(bad_out), "--parts", "context-i2w", "--quiet",
+              "--context-i2w-checkpoint", f"{base}/ci2w.pt", "--sha256", "0" * 64])
+    assert not bad_out.exists()
+    downloads = tmp_path / "cache" / "downloads"
+    assert not downloads.exists() or not any(downloads.iterdir())
+
+    out = tmp_path / "out"
+    assert main(["--backbone", "tiny", "--out", str(out), "--parts", "context-i2w", "--quiet",
+                 "--context-i2w-checkpoint", f"{base}/ci2w.pt", "--sha256", sha]) == 0
+    (path,) = out.glob("context_i2w-*.safetensors")
+    mapper, record = load_checkpoint(path, tiny.fingerprint)
+    g = torch.Generator().manual_seed(2)
+    c = torch.randn(3, tiny.embed_dim, generator=g)
+    x = torch.randn(3, 5, tiny.vision_width, generator=g)
+    ref = _reference_forward(sd, c, x, depth=1)
+    with torch.no_grad():
+        ours = mapper(c, x).double()
+    assert torch.allclose(ours, ref, atol=1e-4, rtol=1e-4), (ours - ref).abs().max()
+    import json
+
+    side = json.loads(path.with_suffix(".json").read_text())
+    assert side["prepare"]["source"] == "converted" and side["prepare"]["sha256"] == sha
