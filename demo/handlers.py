@@ -61,14 +61,16 @@ def expansion_name(lattqe_on: bool, expander: Optional[str]) -> str:
     return expander or "none"
 
 
-def run_search(engine: SearchEngine, image, text, method, alpha, k, lattqe_on, expander, nqe):
+def run_search(engine: SearchEngine, image, text, method, alpha, k, lattqe_on, expander, nqe,
+               exclude_reference=True):
     """Returns (gallery items, explanation markdown, results JSON, result ids)."""
     own = engine is None or isinstance(engine, str)
     engine = session_engine(engine)
     if engine is None:
         raise EngineError("index a zip of photos first")
     resp = search(engine, image=image or None, text=text, method=method, alpha=float(alpha), k=int(k),
-                  expand=expansion_name(bool(lattqe_on), expander), nqe=int(nqe), explain=True)
+                  expand=expansion_name(bool(lattqe_on), expander), nqe=int(nqe), explain=True,
+                  exclude_reference=exclude_reference is not False)
     return (gallery_items(engine, resp, thumbs_only=own), explanation_markdown(resp),
             json.dumps(resp.to_json(), indent=2), [r.id for r in resp.results])
 
@@ -143,13 +145,14 @@ HISTORY_MAX = 10
 UI_MAX_K, UI_MAX_NQE = 48, 128  # slider ranges; a restored link is clamped to them
 
 
-def run_compare(engine: SearchEngine, image, text, alpha, k, lattqe_on, nqe):
+def run_compare(engine: SearchEngine, image, text, alpha, k, lattqe_on, nqe, exclude_reference=True):
     """Compare mode: returns (compare HTML, compare JSON). LAttQE columns are added when the LAttQE
     box is ticked and LAttQE is available."""
     from engine.compare import compare
 
     lattqe = bool(lattqe_on) and "lattqe" in engine.expanders
-    res = compare(engine, image=image or None, text=text, alpha=float(alpha), k=int(k), nqe=int(nqe), lattqe=lattqe)
+    res = compare(engine, image=image or None, text=text, alpha=float(alpha), k=int(k), nqe=int(nqe), lattqe=lattqe,
+                  exclude_reference=exclude_reference is not False)
     data = res.to_json()
     return compare_html(engine.index.display_path, data), json.dumps(data, indent=2)
 
@@ -207,7 +210,7 @@ def run_state(engine: SearchEngine, st, history):
         gallery, expl, ids = gr.update(value=[], visible=False), compare_summary_markdown(data), []
     else:
         resp = search(engine, image=ref, text=st.text, method=st.method, alpha=st.alpha, k=st.k,
-                      expand=st.expand, nqe=st.nqe, explain=True)
+                      expand=st.expand, nqe=st.nqe, explain=True, exclude_reference=True)
         data = resp.to_json()
         gallery, expl, raw, ids, html_ = (gr.update(value=gallery_items(engine, resp), visible=True),
                                           explanation_markdown(resp),

@@ -114,6 +114,9 @@ def _search_controls(engine: SearchEngine, prefix: str, with_compare: bool = Fal
             lattqe = gr.Checkbox(value=False, label="LAttQE expansion", interactive=lattqe_reason is None,
                                  info=("re-forms the query from its top results" if lattqe_reason is None
                                        else f"unavailable: {lattqe_reason}"), elem_id=f"{prefix}lattqe")
+            keep_out = gr.Checkbox(value=True, label="Leave the reference out of its results",
+                                   info="a gallery photo used as the reference is not shown as its own match",
+                                   elem_id=f"{prefix}exclude-reference")
             with gr.Accordion("Expansion options", open=False):
                 others = [(EXPANDER_LABELS.get(n, n), n) for n in engine.expanders if n != "lattqe"]
                 expander = gr.Dropdown(others, value="none", label="Expansion (when LAttQE is off)",
@@ -133,8 +136,8 @@ def _search_controls(engine: SearchEngine, prefix: str, with_compare: bool = Fal
     ids = gr.State([])
     if with_compare:
         return (image, text, method, alpha, k, lattqe, expander, nqe, button, gallery, explanation, raw, ids,
-                compare_btn, compare_out)
-    return image, text, method, alpha, k, lattqe, expander, nqe, button, gallery, explanation, raw, ids
+                compare_btn, compare_out, keep_out)
+    return image, text, method, alpha, k, lattqe, expander, nqe, button, gallery, explanation, raw, ids, keep_out
 
 
 def _prepare_status(engine: SearchEngine, method, lattqe) -> None:
@@ -165,7 +168,7 @@ def build_demo(settings: Optional[Settings] = None, engine: Optional[SearchEngin
         with gr.Tabs():
             with gr.Tab("Search the gallery", id="main"):
                 (image, text, method, alpha, k, lattqe, expander, nqe, button, gallery, explanation, raw,
-                 ids, compare_btn, compare_out) = _search_controls(engine, "", with_compare=True)
+                 ids, compare_btn, compare_out, keep_out) = _search_controls(engine, "", with_compare=True)
                 _prepare_status(engine, method, lattqe)
                 with gr.Row(elem_id="share-row"):
                     share_link = gr.Textbox(label="Link to this query", interactive=False, elem_id="share-link",
@@ -193,12 +196,12 @@ def build_demo(settings: Optional[Settings] = None, engine: Optional[SearchEngin
                 after_compare = functools.partial(h.after_query, engine, "compare")
                 post = [qs, history, history_ds, last]
                 for trigger, api in ((button.click, "search"), (text.submit, False)):
-                    (trigger(search_fn, inputs, outputs, api_name=api, concurrency_limit=4)
+                    (trigger(search_fn, inputs + [keep_out], outputs, api_name=api, concurrency_limit=4)
                      .success(after_search, inputs + [raw, history], post, api_name=False)
                      .success(h.search_shown, None, [compare_out, gallery], api_name=False)
                      .success(None, [qs, share_link], share_link, js=SET_URL_JS, api_name=False))
                 compare_fn = h.user_errors(functools.partial(h.run_compare, engine))
-                (compare_btn.click(compare_fn, [image, text, alpha, k, lattqe, nqe], [compare_out, raw],
+                (compare_btn.click(compare_fn, [image, text, alpha, k, lattqe, nqe, keep_out], [compare_out, raw],
                                    api_name="compare", concurrency_limit=2)
                  .success(after_compare, inputs + [raw, history], post, api_name=False)
                  .success(h.compare_cleared, [raw], [gallery, ids, explanation], api_name=False)
@@ -230,10 +233,10 @@ def build_demo(settings: Optional[Settings] = None, engine: Optional[SearchEngin
                         index_btn = gr.Button("Index the photos", elem_id="own-index")
                 status = gr.Markdown(elem_id="own-status")
                 (o_image, o_text, o_method, o_alpha, o_k, o_lattqe, o_expander, o_nqe, o_button, o_gallery,
-                 o_expl, o_raw, o_ids) = _search_controls(engine, "own-")
+                 o_expl, o_raw, o_ids, o_keep_out) = _search_controls(engine, "own-")
                 index_btn.click(h.user_errors(functools.partial(h.index_upload, engine)), [session, upload, index_type],
                                 [session, status], api_name="index_zip", concurrency_limit=1)
-                o_inputs = [session, o_image, o_text, o_method, o_alpha, o_k, o_lattqe, o_expander, o_nqe]
+                o_inputs = [session, o_image, o_text, o_method, o_alpha, o_k, o_lattqe, o_expander, o_nqe, o_keep_out]
                 o_outputs = [o_gallery, o_expl, o_raw, o_ids]
                 o_button.click(h.user_errors(h.run_search), o_inputs, o_outputs, api_name="search_own",
                                concurrency_limit=4)

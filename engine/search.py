@@ -26,6 +26,7 @@ from .index.store import GalleryIndex
 log = logging.getLogger(__name__)
 DEFAULT_NQE = 64
 MAX_K = 200
+SAME_IMAGE_COSINE = 0.9995  # cosine at which a gallery embedding is the reference itself (float16 storage)
 
 
 @dataclass
@@ -247,7 +248,8 @@ def search(
     """Compose (image, text) into a query, search the gallery, optionally expand and search again.
 
     ``image`` may be a path, bytes, a PIL image, or an int gallery id. Returns ranked results with
-    per-stage timings in milliseconds.
+    per-stage timings in milliseconds. ``exclude_reference`` leaves a gallery image used as the reference
+    out of its own results (the CIRR convention; the UI, CLI and API turn it on by default).
     """
     t0 = time.perf_counter()
     timings: Dict[str, float] = {}
@@ -294,7 +296,11 @@ def search(
     notices += comp.notices
     qvec = comp.vector.astype(np.float32)
     n = len(engine.index)
-    extra = 1 if exclude_reference else 0
+    # the reference (by gallery id, content hash or an identical embedding) is dropped after the search,
+    # so a few more are fetched to still return k
+    extra = 4 if exclude_reference and query.has_image else 0
+    ref_vec = (query.image_embedding.detach().float().cpu().numpy().astype(np.float32)
+               if extra and query.image_embedding is not None else None)
     t = time.perf_counter()
     scores, ids = engine.index.search(qvec[None], min(n, k + extra))
     timings["search"] = (time.perf_counter() - t) * 1e3
@@ -324,8 +330,7 @@ def search(
     for s, i in zip(scores[0], ids[0]):
         if i < 0:
             continue
-        if exclude_reference and ((ref_id is not None and i == ref_id) or
-                                  (ref_hash is not None and engine.index.items[i]["sha256"] == ref_hash)):
+        if extra and _is_reference(engine, int(i), ref_id, ref_hash, ref_vec):
             continue
         if len(results) >= k:
             break
@@ -340,6 +345,18 @@ def search(
     timings["total"] = (time.perf_counter() - t0) * 1e3
     return SearchResponse(results, {k_: round(v, 3) for k_, v in timings.items()}, method, expand,
                           explanation, notices, ref_hash)
+
+
+def _is_reference(engine: SearchEngine, i: int, ref_id, ref_hash, ref_vec) -> bool:
+    """Whether gallery item ``i`` is the reference image itself: the same id, the same file bytes, or (a
+    re-encoded copy, e.g. after an upload) an embedding identical up to float16 storage."""
+    if (ref_id is not None and i == ref_id) or (ref_hash is not None and engine.index.items[i]["sha256"] == ref_hash):
+        return True
+    if ref_vec is None:
+        return False
+    g = engine.index.embeddings[i].astype(np.float32)
+    den = float(np.linalg.norm(g) * np.linalg.norm(ref_vec))
+    return den > 0 and float(g @ ref_vec) / den >= SAME_IMAGE_COSINE
 
 
 def _explain(engine: SearchEngine, results: List[Result], query: Query, qvec: np.ndarray) -> None:

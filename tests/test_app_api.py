@@ -18,8 +18,21 @@ def test_search_endpoint_through_gradio_client(app_server, gallery_engine, galle
     assert "Timings" in explanation
 
     ref = str(gallery_engine.index.image_path(7))
+    # a gallery photo as the reference is left out of its own results by default (8 arguments, as before) ...
     gallery, _, raw = client.predict(handle_file(ref), "", "image", 0.5, 3, False, "none", 64, api_name="/search")
+    ids = [r["id"] for r in json.loads(raw)["results"]]
+    assert 7 not in ids and len(ids) == len(gallery) == 3
+    # ... and kept when the 9th argument (leave the reference out) is False: image-only finds it first
+    _, _, raw = client.predict(handle_file(ref), "", "image", 0.5, 3, False, "none", 64, False, api_name="/search")
     assert json.loads(raw)["results"][0]["id"] == 7
+    # compare mode follows the same switch
+    import re
+
+    shown = lambda html: {int(i) for i in re.findall(r'data-id="(\d+)"', html)}  # noqa: E731
+    html, _ = client.predict(handle_file(ref), "", 0.5, 3, False, 64, api_name="/compare")
+    assert shown(html) and 7 not in shown(html)
+    html, _ = client.predict(handle_file(ref), "", 0.5, 3, False, 64, False, api_name="/compare")
+    assert 7 in shown(html)
 
 
 def test_api_errors_are_clear_and_server_survives(app_server):
@@ -55,6 +68,6 @@ def test_upload_tab_builds_a_compact_ics_index(app_server, gallery_engine, tmp_p
         client.predict(handle_file(str(tmp_path / "p.zip")), "ics-12", api_name="/index_zip")
     status = client.predict(handle_file(str(tmp_path / "p.zip")), "ics-64", api_name="/index_zip")
     assert "**12**" in status and "`ics-64`" in status and "8 bytes per image" in status
-    _, _, raw = client.predict(handle_file(str(photos[5])), "", "image", 0.5, 3, False, "none", 64,
+    _, _, raw = client.predict(handle_file(str(photos[5])), "", "image", 0.5, 3, False, "none", 64, False,
                                api_name="/search_own")
     assert json.loads(raw)["results"][0]["path"] == "p05.jpg"

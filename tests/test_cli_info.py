@@ -61,3 +61,16 @@ def test_cli_leaves_the_reference_out_unless_kept(gallery_index_dir, capsys):
     assert cli.main(["search", "--index", str(gallery_index_dir), "--image", "gallery:3", "--method", "image",
                      "--k", "3", "--json", "--keep-reference", "--backbone", "packaged"]) == 0
     assert json.loads(capsys.readouterr().out)["results"][0]["id"] == 3
+
+
+def test_reference_left_out_even_as_a_reencoded_copy(gallery_engine):
+    """An uploaded copy of a gallery photo (other bytes, same pixels) is still recognised as the reference."""
+    from engine.images import load_image
+    from engine.search import search
+
+    pil = load_image(gallery_engine.index.image_path(5))          # decoded pixels: PNG bytes, not the file's
+    kept = search(gallery_engine, image=pil, text=None, method="image", k=4)
+    assert kept.results[0].id == 5
+    left = search(gallery_engine, image=pil, text=None, method="image", k=4, exclude_reference=True)
+    assert [r.id for r in left.results] == [r.id for r in kept.results[1:]] + [left.results[-1].id]
+    assert 5 not in [r.id for r in left.results] and len(left.results) == 4

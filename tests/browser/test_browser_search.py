@@ -59,9 +59,15 @@ def test_search_click_result_switch_method_and_lattqe(served_demo, open_page, sh
     assert Path(new_src.split("?")[0]).name in _basename_for_caption(clicked, captions), (new_src, clicked)
     shot(page, "result-became-reference")
 
-    # switch method: image only, the new reference finds itself first with a score of ~1
+    # switch method: image only; the reference is left out of its own results (on by default) ...
     ui.choose(page, "method", "Image only")
     ui.type_text(page, "", "")
+    ui.run_search(page)
+    res = ui.results(page)
+    ui.check_ranked(res, 6)
+    assert clicked not in [c for _, _, c in res], res
+    # ... and with the toggle off it finds itself first with a score of ~1
+    page.locator("#exclude-reference input[type=checkbox]").uncheck()
     ui.run_search(page)
     res = ui.results(page)
     ui.check_ranked(res, 6)
