@@ -126,7 +126,8 @@ def cmd_search(args) -> int:
     if image is not None and image.startswith("gallery:"):
         image = int(image.split(":", 1)[1])
     resp = search(eng, image=image, text=args.text, method=args.method, alpha=args.alpha, k=args.k,
-                  expand=args.expand, nqe=args.nqe, negative_text=args.negative, explain=args.explain)
+                  expand=args.expand, nqe=args.nqe, negative_text=args.negative, explain=args.explain,
+                  exclude_reference=not args.keep_reference)
     if args.json:
         print(json.dumps(resp.to_json(), indent=2))
     else:
@@ -187,6 +188,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--index-type", default=None, help="override the index type at load time")
     sp.add_argument("--json", action="store_true")
     sp.add_argument("--explain", action="store_true", help="per-result image/text/composed similarity")
+    sp.add_argument("--keep-reference", action="store_true",
+                    help="keep the reference image among its own results (left out by default, as in CIRR)")
     _add_backbone(sp)
 
     for name, helptext in (("train", "train a learned part"),

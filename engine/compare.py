@@ -185,6 +185,8 @@ def main(argv=None) -> int:
     p.add_argument("--methods", default=None, help="comma-separated subset of methods (default: all available)")
     p.add_argument("--top", type=int, default=5, help="results shown per column in text output")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--keep-reference", action="store_true",
+                   help="keep the reference image among its own results (left out by default, as in CIRR)")
     p.add_argument("--backbone", default=None)
     p.add_argument("--device", default=None)
     args = p.parse_args(argv)
@@ -202,7 +204,7 @@ def main(argv=None) -> int:
         lattqe = {"auto": None, "on": True, "off": False}[args.lattqe]
         methods = [m.strip() for m in args.methods.split(",") if m.strip()] if args.methods else None
         res = compare(eng, image=image, text=args.text, alpha=args.alpha, k=args.k, nqe=args.nqe, lattqe=lattqe,
-                      methods=methods)
+                      methods=methods, exclude_reference=not args.keep_reference)
     except EngineError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

@@ -350,7 +350,9 @@ def _explain(engine: SearchEngine, results: List[Result], query: Query, qvec: np
     g = engine.index.embeddings[ids].astype(np.float32)
     img = query.image_embedding.numpy().astype(np.float32) if query.has_image else None
     txt = None
-    if query.text:
+    if query.text_embedding is not None:        # the composer's own encode of the same text: reused
+        txt = query.text_embedding.detach().float().cpu().numpy().astype(np.float32)
+    elif query.text:
         txt = engine.backbone.encode_texts([query.text]).embeddings[0].float().cpu().numpy()
     for r, v in zip(results, g):
         r.explain["image_similarity"] = None if img is None else float(v @ img)

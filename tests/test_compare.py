@@ -130,7 +130,11 @@ def test_compare_cli_json_and_bench(gallery_index_dir, gallery_engine, capsys):
                  "--k", "3", "--json", "--backbone", "packaged", "--lattqe", "off"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert [c["key"] for c in data["columns"]] == list(gallery_engine.composers)
-    assert data["columns"][0]["response"]["results"][0]["id"] == 7  # image only finds the reference first
+    assert all(r["id"] != 7 for c in data["columns"] for r in c["response"]["results"])  # reference left out
+    assert main(["--index", str(gallery_index_dir), "--image", "gallery:7", "--text", "the same but red",
+                 "--k", "3", "--json", "--backbone", "packaged", "--lattqe", "off", "--keep-reference"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["columns"][0]["response"]["results"][0]["id"] == 7  # kept: image only finds the reference first
     assert main(["--index", str(gallery_index_dir), "--text", "a cat", "--k", "2", "--backbone", "packaged",
                  "--lattqe", "off"]) == 0
     out = capsys.readouterr().out

@@ -27,6 +27,8 @@ class Query:
     alpha: float = 0.5
     negative_text: Optional[str] = None
     options: Dict[str, Any] = field(default_factory=dict)
+    # set by a composer that encoded ``text`` on its own, so the explanation reuses it (no second encode)
+    text_embedding: Optional[torch.Tensor] = None
 
 
 @dataclass

@@ -20,6 +20,7 @@ class TextOnly(Composer):
     def compose(self, query: Query) -> Composition:
         self.check(query)
         enc = self.backbone.encode_texts([query.text])
+        query.text_embedding = enc.embeddings[0]
         return Composition(
             normalise(enc.embeddings[0]), {"formula": "q = f_txt(text)", "prompt": query.text}, enc.notices
         )
@@ -46,6 +47,7 @@ class WeightedSum(Composer):
         if has_text:
             enc = self.backbone.encode_texts([query.text])
             txt, notices = enc.embeddings[0].float().cpu(), list(enc.notices)
+            query.text_embedding = txt
         neg = torch.zeros(d)
         if query.negative_text and query.negative_text.strip():
             enc = self.backbone.encode_texts([query.negative_text])

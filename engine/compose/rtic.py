@@ -264,6 +264,7 @@ class RTICComposer(Composer):
     def compose(self, query: Query) -> Composition:
         self.check(query)
         enc = self.backbone.encode_texts([query.text])
+        query.text_embedding = enc.embeddings[0]
         text = enc.embeddings[0].detach().float().cpu().reshape(1, -1)
         image = query.image_embedding.detach().float().cpu().reshape(1, -1)
         out, s = self.model.compose(image, text)
