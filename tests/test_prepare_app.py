@@ -46,6 +46,6 @@ def test_app_prepares_context_i2w_in_background(tmp_path, monkeypatch, tiny, sma
         assert list((tmp_path / "prepared").glob("context_i2w-*.safetensors"))
         _, _, raw = client.predict(ref, "in red", "context-i2w", 0.5, 3, False, "none", 8, api_name="/search")
         data = json.loads(raw)
-        assert len(data["results"]) == 3 and data.get("method", "context-i2w") == "context-i2w"
+        assert len(data["results"]) == 3 and data["method"] == "context-i2w"
     finally:
         demo.close()
