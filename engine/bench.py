@@ -248,6 +248,18 @@ def section_loadtest(args, ctx):
         {"returncode": out.returncode}
 
 
+def section_info(args, ctx):
+    """`python -m engine info --bench`: info answered without loading models vs a bare `import torch`."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "engine", "info", "--bench"], cwd=ROOT, capture_output=True, text=True)
+    text = out.stdout.strip() or out.stderr.strip()[-2000:]
+    return ("`python -m engine info` answers from the configuration without loading any model (`--load` loads the "
+            "backbone). Output of `python -m engine info --bench` (fresh processes, one run; target: info "
+            "≤ 2 × bare `import torch`):\n\n```\n" + text + "\n```"), {"returncode": out.returncode}
+
+
 def section_compare(args, ctx):
     from .compare import bench_compare
 
@@ -260,7 +272,7 @@ def section_compare(args, ctx):
 
 SECTIONS: Dict[str, Callable] = {"query": section_query, "indexing": section_indexing, "ann": section_ann,
                                  "memory": section_memory, "compare": section_compare, "startup": section_startup,
-                                 "loadtest": section_loadtest}
+                                 "info": section_info, "loadtest": section_loadtest}
 
 
 def main(argv=None) -> int:

@@ -428,8 +428,8 @@ def _real_twemoji_dir():
     return path if (path / "emoji.json").is_file() else None
 
 
-@pytest.mark.skipif(_real_twemoji_dir() is None, reason="npm package emoji-datasource-twitter not installed in the cache "
-                    "(python -m engine.data.builders build installs it)")
+@pytest.mark.skipif(_real_twemoji_dir() is None, reason="npm package emoji-datasource-twitter not installed in .cache/npm "
+                    "(the README test command installs it)")
 def test_real_twemoji_package():
     emojis = twemoji.load_emoji(_real_twemoji_dir())
     assert len(emojis) > 3000

@@ -95,8 +95,17 @@ class Edge:
     derived_tone: Optional[str] = field(default=None, compare=False)
 
 
+# npm installs the package into the project's own git-ignored .cache/npm (no global install); a copy that an
+# earlier version installed into the user cache is still found
+PROJECT_NPM = Path(__file__).resolve().parents[2] / ".cache" / "npm"
+
+
 def default_package_dir() -> Path:
-    return cache_dir() / "packages" / "npm" / "node_modules" / PACKAGE
+    for prefix in (PROJECT_NPM, cache_dir() / "packages" / "npm"):
+        path = prefix / "node_modules" / PACKAGE
+        if (path / "emoji.json").is_file():
+            return path
+    return PROJECT_NPM / "node_modules" / PACKAGE
 
 
 def package_dir(install: bool = True) -> Path:
@@ -118,7 +127,7 @@ def package_dir(install: bool = True) -> Path:
             f"the Twemoji data needs the npm package {PACKAGE}@{VERSION}; install Node.js/npm "
             f"(apt-get install npm) or set {ENV_DIR} to an unpacked copy of the package"
         )
-    prefix = cache_dir() / "packages" / "npm"
+    prefix = PROJECT_NPM
     prefix.mkdir(parents=True, exist_ok=True)
     cmd = [npm, "install", "--prefix", str(prefix), "--no-save", "--no-audit", "--no-fund",
            f"{PACKAGE}@{VERSION}"]
