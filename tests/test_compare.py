@@ -145,14 +145,14 @@ def test_compare_cli_json_and_bench(gallery_index_dir, gallery_engine, capsys):
 
 
 def test_compare_html_columns_shared_marks_and_alt_text(gallery_engine):
-    from demo.formatting import column_dom_id, compare_html
+    from demo.formatting import column_dom_id, compare_html, esc
 
     data = compare(gallery_engine, image=7, text="the same but red", k=4, lattqe=False).to_json()
     html = compare_html(gallery_engine.index.display_path, data)
     for c in data["columns"]:
         assert html.count(f'id="{column_dom_id(c["key"])}"') == 1
         for r in c["response"]["results"]:
-            assert f'alt="{r["caption"]}"' in html or r["caption"] == ""
+            assert f'alt="{esc(r["caption"])}"' in html
     n_shared_items = sum(1 for c in data["columns"] for r in c["response"]["results"] if str(r["id"]) in data["shared"])
     assert html.count('class="cmp-item shared"') == n_shared_items > 0
     assert column_dom_id("sum+lattqe") == "compare-col-sum-lattqe"

@@ -106,7 +106,7 @@ def _call(server: str, api: str, data: list, session: str = ""):
 
 
 def _search(server, image, text=""):
-    return _call(server, "search", [image, text, "image" if not text else "sum", 0.5, 3, False, "none", 64])
+    return _call(server, "search", [image, text, "image" if not text else "sum", 0.5, 3, False, "none", 64, True])
 
 
 # -- point 1: tiny files that cost gigabytes ---------------------------------------------------------
@@ -309,7 +309,7 @@ def test_markdown_in_the_query_text_never_renders_as_link_or_image(app_server, g
     html_ = _rendered(expl)
     assert "Session expired" in html_ and "<a " not in html_ and "<img" not in html_  # shown, not linked
     assert "https://" not in expl and "www.evil" not in expl  # nothing a GFM autolinker could pick up
-    event, payload = _call(app_server, "search", [None, LINK, "sum", 0.5, 3, False, "none", 16])  # via the API
+    event, payload = _call(app_server, "search", [None, LINK, "sum", 0.5, 3, False, "none", 16, True])  # via the API
     assert event == "complete"
     expl_api = json.loads(payload)[1]
     html_api = _rendered(expl_api)
@@ -331,7 +331,7 @@ def test_session_folders_are_not_served_and_errors_are_plain_sentences(app_serve
     folder = Path(eng.index.folder)
     version = folder / (folder / "CURRENT").read_text().strip()
     gallery, _, raw = client.predict(handle_file(str(folder / "files" / "p1.jpg")), "", "image", 0.5, 3, False,
-                                     "none", 64, api_name="/search_own")
+                                     "none", 64, False, api_name="/search_own")  # keep the reference
     assert json.loads(raw)["results"][0]["path"] == "p1.jpg"
     assert all(str(folder) not in json.dumps(g) for g in gallery)  # results come from Gradio's cache
     for path in (folder / "files" / "p0.jpg", version / "embeddings.npy", version / "items.jsonl",

@@ -82,7 +82,7 @@ def test_a_full_queue_answers_busy_and_the_server_recovers(gallery_engine, launc
     monkeypatch.setenv("CIS_QUEUE_MAX", "1")
     demo = build_demo(gallery_engine.settings, engine=gallery_engine)
     url = launch_demo(demo, gallery_engine) + "/"
-    data = [None, "a red apple", "text", 0.5, 2, False, "none", 64]
+    data = [None, "a red apple", "text", 0.5, 2, False, "none", 64, True]  # raw HTTP sends every input
     codes, bodies, lock = [], [], threading.Lock()
 
     def submit():

@@ -258,14 +258,14 @@ def test_no_api_parameter_reads_a_server_path(app_server, tmp_path):
         "/etc/passwd",
     ]
     for probe in probes:
-        event, payload = _call(server, "search", [probe, "", "image", 0.5, 3, False, "none", 64])
+        event, payload = _call(server, "search", [probe, "", "image", 0.5, 3, False, "none", 64, True])
         assert event in ("error", "http"), (probe, event, payload)
         assert "root:" not in str(payload)
     # control: the same image, uploaded through the API first, is accepted
     up = httpx.post(f"{server}/gradio_api/upload", files={"files": ("secret.jpg", secret.read_bytes(), "image/jpeg")})
     path = up.json()[0]
     event, payload = _call(server, "search", [{"path": path, "meta": {"_type": "gradio.FileData"}}, "", "image",
-                                              0.5, 3, False, "none", 64])
+                                              0.5, 3, False, "none", 64, True])
     assert event == "complete", payload
     outputs = json.loads(payload)
     assert len(json.loads(outputs[2])["results"]) == 3

@@ -77,7 +77,8 @@ def test_state_from_ui_values_and_restore(gallery_engine, tmp_path):
 def test_export_json_is_the_cli_json_schema(gallery_engine, gallery_index_dir, tmp_path, capsys):
     from engine.cli import main as cli_main
 
-    resp = search(gallery_engine, image=7, text="at night", method="sum", k=3, explain=True)
+    resp = search(gallery_engine, image=7, text="at night", method="sum", k=3, explain=True,
+                  exclude_reference=True)  # as the CLI does by default
     path = ex.export_json(resp.to_json(), tmp_path / "out" / "r.json")
     exported = json.loads(path.read_text())
     assert exported == json.loads(json.dumps(resp.to_json()))
