@@ -7,17 +7,11 @@ from typing import List, Tuple
 from urllib.parse import quote
 
 from engine.export import breakdown_rows
+from engine.labels import EXPAND_LABELS, METHOD_LABELS
 
 from engine.search import SearchEngine, SearchResponse
 
-LABELS = {
-    "image": "Image only",
-    "text": "Text only",
-    "sum": "Image + text (weighted sum)",
-    "context-i2w": "Context-I2W",
-    "rtic": "RTIC",
-}
-EXPANDER_LABELS = {"lattqe": "LAttQE", "aqe": "AQE", "aqewd": "AQEwD", "alpha-qe": "α-QE", "none": "None"}
+LABELS, EXPANDER_LABELS = METHOD_LABELS, EXPAND_LABELS  # the engine's one table, under the names demo/ uses
 
 
 _MD_SPECIAL = {c: f"&#{ord(c)};" for c in "\\`*_{}[]()#+-!|~:@."}

@@ -7,6 +7,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 ASSETS = ROOT / "assets"
+MAX_K = 200  # the most results one search returns (search(), shared links)
 
 
 def _env(name: str, default: str) -> str:

@@ -20,11 +20,11 @@ from pathlib import Path
 from typing import Dict, Mapping, Optional, Union
 from urllib.parse import parse_qs, urlencode, urlsplit, urlunsplit
 
+from .config import MAX_K
 from .errors import InputError
 from .images import sha256_file
 
 VIEWS = ("search", "compare")
-MAX_K = 200
 _HASH = re.compile(r"^[0-9a-f]{64}$")
 KEYS = ("image", "text", "method", "alpha", "k", "expand", "nqe", "view")
 
