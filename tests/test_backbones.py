@@ -83,6 +83,27 @@ def test_auto_falls_back_offline_fast(monkeypatch):
     assert "offline" in b.why
 
 
+def test_auto_waits_as_long_as_settings_say_and_leaves_the_process_environment_alone(monkeypatch):
+    """The hub timeout comes from Settings (CIS_AUTO_TIMEOUT_S), and falling back offline does not switch
+    the whole process to HF_HUB_OFFLINE."""
+    import os
+
+    from engine.backbones import factory, openclip
+    from engine.config import Settings
+
+    waited = []
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setattr(openclip, "pretrained_cached", lambda arch, tag: False)
+    monkeypatch.setattr(openclip, "hub_reachable", lambda timeout: waited.append(timeout) or False)
+    monkeypatch.setenv("CIS_AUTO_TIMEOUT_S", "0.25")
+    s = Settings()
+    monkeypatch.setenv("CIS_AUTO_TIMEOUT_S", "9")  # read once: a later change does not reach this Settings
+    b = factory.create_backbone("auto", "cpu", cache=False, settings=s)
+    assert waited == [0.25]
+    assert b.name.startswith("packaged:") and "0.25 s" in b.why
+    assert "HF_HUB_OFFLINE" not in os.environ
+
+
 def test_unknown_backbone_is_a_clear_error():
     from engine.errors import EngineError
 
