@@ -47,24 +47,23 @@ def refresh(engine) -> list:
     from .expand import EXPANDERS, ExpanderUnavailable
 
     ckpt, bb, new = engine.settings.checkpoints, engine.backbone, []
-    for name in list(engine.unavailable):
-        try:
-            composer = COMPOSERS.get(name)(bb, checkpoint_dir=ckpt)
-        except (ComposerUnavailable, CheckpointError) as exc:
-            engine.unavailable[name] = str(exc)
-            continue
-        engine.composers[name] = composer
-        engine.unavailable.pop(name, None)
-        new.append(name)
-    for name in list(engine.expanders_unavailable):
-        try:
-            expander = EXPANDERS.get(name)(embed_dim=bb.embed_dim, checkpoint_dir=ckpt, fingerprint=bb.fingerprint)
-        except (ExpanderUnavailable, CheckpointError) as exc:
-            engine.expanders_unavailable[name] = str(exc)
-            continue
-        engine.expanders[name] = expander
-        engine.expanders_unavailable.pop(name, None)
-        new.append(name)
+
+    def retry(available: dict, unavailable: dict, make, missing) -> None:
+        for name in list(unavailable):
+            try:
+                part = make(name)
+            except (missing, CheckpointError) as exc:
+                unavailable[name] = str(exc)
+                continue
+            available[name] = part
+            unavailable.pop(name, None)
+            new.append(name)
+
+    retry(engine.composers, engine.unavailable, lambda n: COMPOSERS.get(n)(bb, checkpoint_dir=ckpt),
+          ComposerUnavailable)
+    retry(engine.expanders, engine.expanders_unavailable,
+          lambda n: EXPANDERS.get(n)(embed_dim=bb.embed_dim, checkpoint_dir=ckpt, fingerprint=bb.fingerprint),
+          ExpanderUnavailable)
     return new
 
 
