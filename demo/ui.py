@@ -253,18 +253,10 @@ def build_demo(settings: Optional[Settings] = None, engine: Optional[SearchEngin
     # Queue: each event runs at most its `concurrency_limit` jobs at once (events without one: CIS_CONCURRENCY);
     # at most CIS_QUEUE_MAX jobs wait. Beyond that the page shows Gradio's "This application is currently busy.
     # Please try again." and API clients get HTTP 503 "Queue is full" instead of an ever longer wait.
-    demo.queue(max_size=max(1, int(settings_value("CIS_QUEUE_MAX", 64))),
-               default_concurrency_limit=max(1, int(settings_value("CIS_CONCURRENCY", 4))),
+    demo.queue(max_size=max(1, settings.queue_max), default_concurrency_limit=max(1, settings.concurrency),
                status_update_rate="auto", api_open=False)
-    demo.cis_engine = engine
     SESSIONS.start_janitor(engine.settings)  # sweeps session folders left by an earlier server, then periodically
     return demo
-
-
-def settings_value(name: str, default):
-    import os
-
-    return os.environ.get(name, default)
 
 
 def allowed_paths(engine: SearchEngine):

@@ -190,7 +190,7 @@ def main(argv=None) -> int:
         s.device = args.device
     try:
         eng = open_engine(args.index, settings=s,
-                          backbone=create_backbone(s.backbone, s.device) if args.backbone else None)
+                          backbone=create_backbone(s.backbone, s.device, settings=s) if args.backbone else None)
         image = args.image
         if image is not None and image.startswith("gallery:"):
             image = int(image.split(":", 1)[1])

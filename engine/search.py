@@ -22,6 +22,7 @@ from .errors import EngineError, InputError
 from .expand import EXPANDERS, Expander, ExpanderUnavailable
 from .images import load_image
 from .index.store import GalleryIndex
+from .share import ReferenceStore
 
 log = logging.getLogger(__name__)
 DEFAULT_NQE = 64
@@ -120,6 +121,8 @@ class SearchEngine:
                 f"index built with {index.fingerprint} but the backbone is {backbone.fingerprint}; rebuild the index"
             )
         self.cache = FeatureCache()
+        # uploaded references by content hash, so a shared link (``sha256:...``) can be restored (engine/share.py)
+        self.references = ReferenceStore(capacity=self.cache.capacity)
         self._lock = threading.Lock()
         if models_from is not None and models_from.backbone is backbone:
             self.composers, self.unavailable = models_from.composers, models_from.unavailable
@@ -392,7 +395,8 @@ def open_engine(index_dir, backbone: Optional[Backbone] = None, settings: Option
         index_dir = settings.resolved_index_dir()
     if backbone is None:
         meta_backbone = GalleryIndex.load(index_dir, build_vectors=False).meta.get("backbone", "")
-        backbone = create_backbone(_backbone_name_for(meta_backbone) or settings.backbone, settings.device)
+        backbone = create_backbone(_backbone_name_for(meta_backbone) or settings.backbone, settings.device,
+                                   settings=settings)
     opts = {"checkpoint_dir": settings.checkpoints, "fingerprint": backbone.fingerprint}
     index = GalleryIndex.load(index_dir, expected_fingerprint=backbone.fingerprint, vector_options=opts)
     if index_type and index_type != index.meta.get("index_type"):
