@@ -26,6 +26,7 @@ EXTRA_SECTIONS: Dict[str, str] = {
     "ics": "engine.index.ics_bench:bench_section",
     "context-i2w": "engine.train.context_i2w:bench_section",
     "integrity": "engine.index.store:bench_section",
+    "prepare-cost": "engine.prepare:bench_section",
 }
 
 
