@@ -435,8 +435,9 @@ def bench_section(args=None, ctx=None) -> tuple:
     from .train.context_i2w import load_pairs
 
     n_pairs = len(load_pairs("captions", "train"))
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     rows = [measure_costs(a) for a in ("tiny-vit-a", "ViT-B-32", "ViT-L-14")]
-    md = [f"CPU costs of `prepare`'s two main steps with random weights (the cost does not depend on them), "
+    md = [f"Load average at the start: {load:.1f}. CPU costs of `prepare`'s two main steps with random weights (the cost does not depend on them), "
           f"{rows[0]['threads']} threads, one run; estimate for Context-I2W on the offline caption set "
           f"({n_pairs:,} training pairs): extract every image once, then 10 epochs of the paper-size mapper "
           f"at batch 32. RTIC, LAttQE and ICS train on cached embeddings and add minutes, not hours. No GPU "
