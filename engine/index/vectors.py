@@ -365,7 +365,8 @@ class IVFPQIndex(_FaissIndex):
         out_i = np.full((len(queries), k), -1, np.int64)
         for qi, row in enumerate(ids):
             row = row[row >= 0]
-            s = self.vectors16[row].astype(np.float32) @ queries[qi]
+            # einsum on this thread: a multi-threaded BLAS product for one query stalls on a loaded machine
+            s = np.einsum("ij,j->i", self.vectors16[row].astype(np.float32), queries[qi])
             top = np.argsort(-s, kind="stable")[:k]
             out_s[qi, :len(top)] = s[top]
             out_i[qi, :len(top)] = row[top]
