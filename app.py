@@ -4,16 +4,20 @@ import os
 # Gradio's usage analytics rebuild a summary after every event, so a long-running server slows down; off.
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
-from demo.ui import allowed_paths, build_demo  # noqa: E402
+from demo.ui import CSS, allowed_paths, build_demo  # noqa: E402
+from engine.config import Settings  # noqa: E402
+from engine.service import load_default_engine  # noqa: E402
 
-demo = build_demo()
+settings = Settings()  # every setting (README, 'Configuration'), read once
+engine = load_default_engine(settings)
+demo = build_demo(settings, engine=engine)
 
 if __name__ == "__main__":
     demo.launch(
-        server_name=os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"),
-        server_port=int(os.environ.get("GRADIO_SERVER_PORT", "7860")),
-        allowed_paths=allowed_paths(demo.cis_engine),
-        max_file_size=f"{int(float(os.environ.get('CIS_MAX_ZIP_MB', '200')))}mb",
-        css=__import__("demo.ui", fromlist=["CSS"]).CSS,
+        server_name=settings.server_name,
+        server_port=settings.server_port,
+        allowed_paths=allowed_paths(engine),
+        max_file_size=f"{int(settings.max_zip_mb)}mb",
+        css=CSS,
         show_error=False,  # unexpected errors show a plain sentence (demo/handlers.py user_errors)
     )

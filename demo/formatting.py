@@ -3,21 +3,16 @@ from __future__ import annotations
 
 import html
 import re
+from pathlib import PurePath
 from typing import List, Tuple
 from urllib.parse import quote
 
 from engine.export import breakdown_rows
+from engine.labels import EXPAND_LABELS, METHOD_LABELS
 
 from engine.search import SearchEngine, SearchResponse
 
-LABELS = {
-    "image": "Image only",
-    "text": "Text only",
-    "sum": "Image + text (weighted sum)",
-    "context-i2w": "Context-I2W",
-    "rtic": "RTIC",
-}
-EXPANDER_LABELS = {"lattqe": "LAttQE", "aqe": "AQE", "aqewd": "AQEwD", "alpha-qe": "α-QE", "none": "None"}
+LABELS, EXPANDER_LABELS = METHOD_LABELS, EXPAND_LABELS  # the engine's one table, under the names demo/ uses
 
 
 _MD_SPECIAL = {c: f"&#{ord(c)};" for c in "\\`*_{}[]()#+-!|~:@."}
@@ -53,9 +48,11 @@ def _short(reason: str, n: int = 60) -> str:
 
 
 def result_caption(r) -> str:
+    """``#rank · score · caption`` (the file name when the image has no caption, as in uploaded photos)."""
     cap = f"#{r.rank} · {r.score:.3f}"
-    if r.caption:
-        cap += f" · {r.caption}"
+    name = r.caption or PurePath(str(r.path or "")).name
+    if name:
+        cap += f" · {name}"
     moved = r.explain.get("rank_before_expansion", "n/a")
     if moved is None:
         cap += " · new after expansion"
@@ -142,9 +139,46 @@ def index_markdown(engine: SearchEngine) -> str:
 
 
 def backbone_markdown(engine: SearchEngine) -> str:
+    """The technical details, for the "About this engine" panel: backbone name and fingerprint, device, why
+    this backbone (the fallback reason), the gallery's index type and bytes per image, and what each method
+    and expansion needs when it is not available."""
     b = engine.backbone.describe()
-    return (f"**Backbone:** {code(b['name'])} on {esc(b['device'])} — {esc(b.get('why', ''))}  \n"
-            f"**Gallery:** {index_markdown(engine)}")
+    lines = [f"**Backbone:** {code(b.get('name', ''))} on {esc(b.get('device', ''))} — {esc(b.get('why', ''))}"]
+    if b.get("fingerprint"):
+        lines.append(f"**Backbone fingerprint:** {code(b['fingerprint'])} (checkpoints must carry the same one)")
+    lines.append(f"**Gallery:** {index_markdown(engine)}")
+    methods = getattr(engine, "methods", None)
+    if callable(methods):
+        lines.append("**Methods:** " + "; ".join(
+            f"{esc(LABELS.get(n, n))}: {'available' if why is None else esc(why)}" for n, why in methods().items()))
+    unavailable = getattr(engine, "expanders_unavailable", None)
+    if unavailable is not None:
+        names = [EXPANDER_LABELS.get(n, n) for n in getattr(engine, "expanders", {})]
+        lines.append("**Expansions:** " + "; ".join(
+            [esc(", ".join(names)) + " available"] + [f"{esc(EXPANDER_LABELS.get(n, n))}: {esc(why)}"
+                                                      for n, why in unavailable.items()]))
+    return "  \n".join(lines)
+
+
+def _model_words(b: dict) -> str:
+    name = str(b.get("name", ""))
+    where = "a GPU" if str(b.get("device", "")).startswith("cuda") else "this computer's processor"
+    if name.startswith("packaged"):
+        return f"a small image-and-text model bundled with the app, running on {where}"
+    if name.startswith("tiny"):
+        return f"a tiny test model with random weights (results are not meaningful), running on {where}"
+    return f"the {esc(name.split(':', 1)[-1].split('@', 1)[0])} image-and-text model, running on {where}"
+
+
+def plain_summary(engine: SearchEngine) -> str:
+    """One or two plain sentences about what the page searches and with what (the details are in
+    :func:`backbone_markdown`)."""
+    b = engine.backbone.describe()
+    n = engine.index.stats()["items"]
+    text = f"Searching **{n} photos** with {_model_words(b)}."
+    if str(b.get("why", "")).startswith("offline fallback"):
+        text += " The full-size model could not be loaded, so this smaller one stands in (see *About this engine*)."
+    return text
 
 
 def _f(v, fmt="{:.3f}") -> str:

@@ -17,8 +17,8 @@ from engine.search import SearchEngine, search
 from engine.service import open_session, session_engine, session_index_types
 from engine.share import from_query_string, reference_file, resolve_reference, state_for, to_query_string
 
-from .formatting import (LABELS, backbone_markdown, code, compare_html, compare_summary_markdown, esc, explanation_markdown,
-                         gallery_items, index_markdown)
+from .formatting import (EXPANDER_LABELS, LABELS, backbone_markdown, code, compare_html, compare_summary_markdown, esc, explanation_markdown,
+                         gallery_items, index_markdown, plain_summary)
 
 
 log = logging.getLogger(__name__)
@@ -137,7 +137,93 @@ def index_type_choices(engine: SearchEngine):
 
 
 def info_markdown(engine: SearchEngine) -> str:
+    """The "About this engine" panel's text (technical details)."""
     return backbone_markdown(engine)
+
+
+def summary_markdown(engine: SearchEngine) -> str:
+    """The page's plain line about what is searched, and with what."""
+    return plain_summary(engine)
+
+
+# -- examples and the gallery picker ----------------------------------------------------------------
+EXAMPLE_TEXTS = {"animals": "as a dog", "buildings": "at night", "vehicles": "the same but red", "food": "in the snow",
+                 "music": "made of wood", "plants": "with flowers"}
+GENERIC_TEXTS = ["the same but red", "at night", "a bigger one", "in the snow"]
+
+
+def example_queries(engine: SearchEngine, n: int = 4):
+    """[(gallery id, text)]: the first image of the first ``n`` gallery folders with a text that suits
+    the folder, for the "Try one" row."""
+    picks, seen = [], set()
+    folders = [f for f in EXAMPLE_TEXTS if any(it["path"].startswith(f + "/") for it in engine.index.items)]
+    for it in engine.index.items:
+        top = it["path"].split("/")[0] if "/" in it["path"] else ""
+        if top in seen or (folders and top not in folders) or not engine.index.image_path(it["id"]).exists():
+            continue
+        seen.add(top)
+        picks.append((int(it["id"]), EXAMPLE_TEXTS.get(top, GENERIC_TEXTS[len(picks) % len(GENERIC_TEXTS)])))
+        if len(picks) >= n:
+            break
+    return picks
+
+
+def example_items(engine: SearchEngine, examples):
+    """Gallery items for the "Try one" row: the thumbnail, captioned with its text."""
+    return [(str(engine.index.display_path(i)), f"“{text}”") for i, text in examples]
+
+
+def example_picker(engine: SearchEngine, examples):
+    """Handler for a click on an example: returns (reference image, text); the search runs next."""
+
+    def pick(evt: gr.SelectData):
+        if evt is None or evt.index is None or not 0 <= int(evt.index) < len(examples):
+            return gr.update(), gr.update()
+        i, text = examples[int(evt.index)]
+        return str(engine.index.image_path(i)), text
+
+    return pick
+
+
+PICKER_PAGE = 24
+
+
+def browse_gallery(engine: SearchEngine, query: str = "", page: int = 0):
+    """One page of the gallery picker: the gallery images whose caption or path contains every word of
+    ``query`` (case-insensitive). Returns (gallery items, ids, note, page)."""
+    words = str(query or "").lower().split()
+    ids = [int(it["id"]) for it in engine.index.items
+           if all(w in ((it.get("caption") or "") + " " + it["path"]).lower() for w in words)]
+    pages = max(1, -(-len(ids) // PICKER_PAGE))
+    page = min(max(0, int(page or 0)), pages - 1)
+    shown = ids[page * PICKER_PAGE:(page + 1) * PICKER_PAGE]
+    items = [(str(engine.index.display_path(i)), engine.index.items[i].get("caption") or
+              PurePath(engine.index.items[i]["path"]).name) for i in shown]
+    if not ids:
+        note = f"No gallery image matches {esc(query)}."
+    else:
+        note = (f"{len(ids)} images" + (f" match {esc(query)}" if words else "") +
+                (f" · page {page + 1} of {pages}" if pages > 1 else "") + " · click one to use it as the reference")
+    return items, shown, note, page
+
+
+def browse_page(engine: SearchEngine, step: int):
+    """Handler for the picker's filter box and page buttons: (query, page) -> the four picker outputs."""
+
+    def show(query, page):
+        return browse_gallery(engine, query, int(page or 0) + step)
+
+    return show
+
+
+def shown_file(fn):
+    """An export handler whose file box appears only once there is a file to download."""
+
+    @functools.wraps(fn)
+    def wrapper(*args):
+        return gr.update(value=fn(*args), visible=True)
+
+    return wrapper
 
 
 # -- compare mode, shareable links, history, export ----------------------------------------
@@ -163,7 +249,7 @@ def _expand_parts(expand: str):
 
 
 def history_label(engine: SearchEngine, st) -> str:
-    """One line naming a past query: reference, text, method (or compare), k, expansion."""
+    """The query part of a past query's line: reference and text."""
     if st.image_id is not None:
         it = engine.index.items[st.image_id]
         ref = it.get("caption") or it["path"]
@@ -172,18 +258,22 @@ def history_label(engine: SearchEngine, st) -> str:
     else:
         ref = ""
     text = f"“{st.text}”" if st.text else ""
-    what = " + ".join(x for x in (ref, text) if x)
+    return " + ".join(x for x in (ref, text) if x)
+
+
+def history_method(st) -> str:
+    """The method part of a past query's line (its own column, so it is never cut): method, k, expansion."""
     mode = "compare all methods" if st.view == "compare" else LABELS.get(st.method, st.method)
-    return f"{what} · {mode} · k={st.k}" + ("" if st.expand == "none" else f" · {st.expand}")
+    return f"{mode} · k={st.k}" + ("" if st.expand == "none" else f" · {EXPANDER_LABELS.get(st.expand, st.expand)}")
 
 
 def _remember(engine: SearchEngine, history, st):
     """History with ``st`` first (deduplicated, at most HISTORY_MAX); returns (history, dataset update)."""
     qs = to_query_string(st)
     entries = [e for e in (history or []) if e["qs"] != qs]
-    entries.insert(0, {"qs": qs, "label": history_label(engine, st)})
+    entries.insert(0, {"qs": qs, "label": history_label(engine, st), "method": history_method(st)})
     entries = entries[:HISTORY_MAX]
-    return entries, gr.Dataset(samples=[[e["label"]] for e in entries])
+    return entries, gr.Dataset(samples=[[e["label"], e.get("method", "")] for e in entries])
 
 
 def after_query(engine: SearchEngine, view, image, text, method, alpha, k, lattqe_on, expander, nqe, raw, history):

@@ -17,34 +17,7 @@ from .formatting import EXPANDER_LABELS, method_choices
 TITLE = "Composed image search"
 INTRO = ("Give a reference image and say what to change — *same dress but red*, *the building at night* — "
          "and the engine finds matching images in the gallery. Click a result to use it as the new reference.")
-CSS = """
-#results .caption-label { white-space: normal; }
-@media (max-width: 640px) { #controls { flex-direction: column; } }
-/* compare mode: responsive columns, readable in light and dark themes (Gradio's theme variables) */
-#compare-results .cmp-summary { margin: 4px 0 8px; color: var(--body-text-color-subdued); }
-#compare-results .cmp-grid { display: grid; grid-template-columns: repeat(auto-fit, minmax(200px, 1fr)); gap: 12px; }
-#compare-results .cmp-col { border: 1px solid var(--border-color-primary); border-radius: 8px; padding: 8px;
-  background: var(--block-background-fill); color: var(--body-text-color); min-width: 0; }
-#compare-results .cmp-col h3 { font-size: 1rem; margin: 0 0 6px; display: flex; justify-content: space-between; gap: 6px; }
-#compare-results .cmp-time { font-weight: normal; color: var(--body-text-color-subdued); white-space: nowrap; }
-#compare-results .cmp-note { font-size: .85rem; color: var(--body-text-color-subdued); overflow-wrap: anywhere; }
-#compare-results .cmp-error { color: var(--error-text-color, #b91c1c); font-size: .9rem; }
-#compare-results .cmp-list { list-style: none; margin: 0; padding: 0; display: grid;
-  grid-template-columns: repeat(2, minmax(0, 1fr)); gap: 8px; }
-#compare-results .cmp-item { border: 2px solid transparent; border-radius: 6px; padding: 2px; }
-#compare-results .cmp-item.shared { border-color: var(--color-accent); }
-#compare-results .cmp-item img { width: 100%; aspect-ratio: 1 / 1; object-fit: contain; display: block;
-  background: var(--background-fill-secondary); border-radius: 4px; }
-#compare-results .cmp-cap { font-size: .8rem; line-height: 1.2; display: block; overflow-wrap: anywhere; }
-#compare-results .cmp-badge, #compare-results .cmp-shared-key { border: 2px solid var(--color-accent);
-  border-radius: 4px; padding: 0 3px; font-weight: 600; }
-#share-row, #export-row { align-items: end; }
-@media (max-width: 640px) {
-  #share-row, #export-row, .cis-buttons { flex-direction: column; align-items: stretch; }
-  #compare-results .cmp-grid { grid-template-columns: 1fr; }
-  #compare-results .cmp-list { grid-template-columns: repeat(3, minmax(0, 1fr)); }
-}
-"""
+CSS = (Path(__file__).with_name("style.css")).read_text(encoding="utf-8")  # the page's styles, in their own file
 
 # After a query: put its state in the page URL (keeping Gradio's own "__" parameters such as __theme) and in
 # the visible share link. Inputs: (query string, current link); output: the link.
@@ -79,65 +52,80 @@ COPY_JS = """
 """
 
 
-def example_queries(engine: SearchEngine, n: int = 4):
-    """A few gallery images with a modification text, for the Examples row."""
-    texts = ["the same but red", "as a dog", "at night", "a bigger one"]
-    picks, seen = [], set()
-    for it in engine.index.items:
-        top = it["path"].split("/")[0]
-        if top in seen:
-            continue
-        seen.add(top)
-        path = engine.index.image_path(it["id"])
-        if path.exists():
-            picks.append([str(path), texts[len(picks) % len(texts)]])
-        if len(picks) >= n:
-            break
-    return picks
+def _search_controls(engine: SearchEngine, prefix: str, with_compare: bool = False, with_picker: bool = False):
+    """The inputs, buttons and result panels of one search tab; returns them as attributes of a namespace."""
+    from types import SimpleNamespace
 
-
-def _search_controls(engine: SearchEngine, prefix: str, with_compare: bool = False):
+    c = SimpleNamespace(compare_btn=None, compare_out=None, picker=None)
     methods = method_choices(engine)
     default_method = "sum" if "sum" in engine.composers else next(iter(engine.composers))
     with gr.Row(elem_id=f"{prefix}controls"):
         with gr.Column(scale=1, min_width=240):
-            image = gr.Image(type="filepath", image_mode=None, label="Reference image", sources=["upload", "clipboard"],
-                             height=260, elem_id=f"{prefix}reference")
+            c.image = gr.Image(type="filepath", image_mode=None, label="Reference image",
+                               sources=["upload", "clipboard"], height=260, elem_id=f"{prefix}reference")
+            if with_picker:
+                c.picker = _gallery_picker(engine)
         with gr.Column(scale=2, min_width=280):
-            text = gr.Textbox(label="What to change", placeholder="e.g. the same but red",
-                              max_lines=2, elem_id=f"{prefix}text")
-            with gr.Row():
-                method = gr.Dropdown(methods, value=default_method, label="Method", elem_id=f"{prefix}method")
-                k = gr.Slider(1, h.UI_MAX_K, value=12, step=1, label="Results (top-k)", elem_id=f"{prefix}k")
-            alpha = gr.Slider(0, 1, value=0.5, step=0.05, label="α (text weight, weighted sum)", elem_id=f"{prefix}alpha")
+            c.text = gr.Textbox(label="What to change", placeholder="e.g. the same but red",
+                                max_lines=2, elem_id=f"{prefix}text")
+            with gr.Row(elem_classes=["cis-method-row"]):
+                c.method = gr.Dropdown(methods, value=default_method, label="Method", elem_id=f"{prefix}method",
+                                       min_width=240)
+                c.k = gr.Slider(1, h.UI_MAX_K, value=12, step=1, label="Results (top-k)", elem_id=f"{prefix}k")
+            c.alpha = gr.Slider(0, 1, value=0.5, step=0.05, label="α (text weight, weighted sum)",
+                                elem_id=f"{prefix}alpha")
             lattqe_reason = engine.expanders_unavailable.get("lattqe")
-            lattqe = gr.Checkbox(value=False, label="LAttQE expansion", interactive=lattqe_reason is None,
-                                 info=("re-forms the query from its top results" if lattqe_reason is None
-                                       else f"unavailable: {lattqe_reason}"), elem_id=f"{prefix}lattqe")
-            keep_out = gr.Checkbox(value=True, label="Leave the reference out of its results",
-                                   info="a gallery photo used as the reference is not shown as its own match",
-                                   elem_id=f"{prefix}exclude-reference")
+            c.lattqe = gr.Checkbox(value=False, label="LAttQE expansion", interactive=lattqe_reason is None,
+                                   info=("re-forms the query from its top results" if lattqe_reason is None
+                                         else f"unavailable: {lattqe_reason}"), elem_id=f"{prefix}lattqe")
+            c.keep_out = gr.Checkbox(value=True, label="Leave the reference out of its results",
+                                     info="a gallery photo used as the reference is not shown as its own match",
+                                     elem_id=f"{prefix}exclude-reference")
             with gr.Accordion("Expansion options", open=False):
                 others = [(EXPANDER_LABELS.get(n, n), n) for n in engine.expanders if n != "lattqe"]
-                expander = gr.Dropdown(others, value="none", label="Expansion (when LAttQE is off)",
-                                       elem_id=f"{prefix}expander")
-                nqe = gr.Slider(1, h.UI_MAX_NQE, value=64, step=1, label="nQE (neighbours used)", elem_id=f"{prefix}nqe")
+                c.expander = gr.Dropdown(others, value="none", label="Expansion (when LAttQE is off)",
+                                         elem_id=f"{prefix}expander")
+                c.nqe = gr.Slider(1, h.UI_MAX_NQE, value=64, step=1, label="nQE (neighbours used)",
+                                  elem_id=f"{prefix}nqe")
             with gr.Row(elem_classes=["cis-buttons"]):
-                button = gr.Button("Search", variant="primary", elem_id=f"{prefix}search")
-                compare_btn = (gr.Button("Compare methods", variant="secondary", elem_id=f"{prefix}compare")
-                               if with_compare else None)
-    gallery = gr.Gallery(label="Results", columns=4, height="auto", elem_id=f"{prefix}results",
-                         allow_preview=False, object_fit="contain")
-    compare_out = gr.HTML("", elem_id=f"{prefix}compare-results", label="Compare methods") if with_compare else None
-    with gr.Accordion("Why these results", open=False):
-        explanation = gr.Markdown(elem_id=f"{prefix}explanation")
-    with gr.Accordion("Results as JSON", open=False):
-        raw = gr.Code(language="json", elem_id=f"{prefix}json", label="Same schema as `python -m engine search --json`")
-    ids = gr.State([])
+                c.button = gr.Button("Search", variant="primary", elem_id=f"{prefix}search")
+                if with_compare:
+                    c.compare_btn = gr.Button("Compare methods", variant="secondary", elem_id=f"{prefix}compare")
+    # captions under each picture and no inner scroll box (demo/style.css, .cis-grid)
+    c.gallery = gr.Gallery(label="Results", columns=4, height="auto", elem_id=f"{prefix}results",
+                           elem_classes=["cis-grid"], allow_preview=False, object_fit="contain")
     if with_compare:
-        return (image, text, method, alpha, k, lattqe, expander, nqe, button, gallery, explanation, raw, ids,
-                compare_btn, compare_out, keep_out)
-    return image, text, method, alpha, k, lattqe, expander, nqe, button, gallery, explanation, raw, ids, keep_out
+        c.compare_out = gr.HTML("", elem_id=f"{prefix}compare-results", label="Compare methods")
+    with gr.Accordion("Why these results", open=False):
+        c.explanation = gr.Markdown(elem_id=f"{prefix}explanation")
+    with gr.Accordion("Results as JSON", open=False):
+        c.raw = gr.Code(language="json", elem_id=f"{prefix}json", label="Same schema as `python -m engine search --json`")
+    c.ids = gr.State([])
+    return c
+
+
+def _gallery_picker(engine: SearchEngine):
+    """A browsable, searchable grid of the gallery; a click makes the image the reference (wired by the caller)."""
+    from types import SimpleNamespace
+
+    items, ids, note, page = h.browse_gallery(engine)
+    p = SimpleNamespace()
+    with gr.Accordion("Pick the reference from the gallery", open=False, elem_id="picker-box"):
+        p.query = gr.Textbox(label="Find in the gallery", placeholder="a word: cat, bridge, guitar…", max_lines=1,
+                             elem_id="picker-filter")
+        p.note = gr.Markdown(note, elem_id="picker-note", elem_classes=["cis-note"])
+        p.grid = gr.Gallery(items, columns=4, height="auto", allow_preview=False, show_label=False, elem_id="picker", buttons=[],
+                            elem_classes=["cis-grid"], object_fit="cover")
+        with gr.Row():
+            p.prev = gr.Button("◀ Previous", size="sm", elem_id="picker-prev", min_width=80)
+            p.next = gr.Button("Next ▶", size="sm", elem_id="picker-next", min_width=80)
+        p.ids, p.page = gr.State(ids), gr.State(page)
+    outs = [p.grid, p.ids, p.note, p.page]
+    p.query.change(lambda q: h.browse_gallery(engine, q, 0), [p.query], outs, api_name=False,
+                   trigger_mode="always_last", show_progress="hidden")
+    p.prev.click(h.browse_page(engine, -1), [p.query, p.page], outs, api_name=False, show_progress="hidden")
+    p.next.click(h.browse_page(engine, +1), [p.query, p.page], outs, api_name=False, show_progress="hidden")
+    return p
 
 
 def _prepare_status(engine: SearchEngine, method, lattqe) -> None:
@@ -164,11 +152,22 @@ def build_demo(settings: Optional[Settings] = None, engine: Optional[SearchEngin
     # uploads and generated files in Gradio's cache are deleted after an hour (checked every hour)
     with gr.Blocks(title=TITLE, delete_cache=(3600, 3600), analytics_enabled=False) as demo:
         gr.Markdown(f"# {TITLE}\n{INTRO}")
-        gr.Markdown(h.info_markdown(engine), elem_id="backbone-info")
+        gr.Markdown(h.summary_markdown(engine), elem_id="plain-summary")
+        with gr.Accordion("About this engine", open=False, elem_id="about"):
+            gr.Markdown(h.info_markdown(engine), elem_id="backbone-info")
         with gr.Tabs():
             with gr.Tab("Search the gallery", id="main"):
-                (image, text, method, alpha, k, lattqe, expander, nqe, button, gallery, explanation, raw,
-                 ids, compare_btn, compare_out, keep_out) = _search_controls(engine, "", with_compare=True)
+                examples = h.example_queries(engine)
+                ex_grid = None
+                if examples:
+                    gr.Markdown("**Try one:** click an example to run it", elem_id="examples-title")
+                    ex_grid = gr.Gallery(h.example_items(engine, examples), show_label=False, columns=len(examples),
+                                         height="auto", allow_preview=False, elem_id="examples", buttons=[],
+                                         elem_classes=["cis-grid"], object_fit="contain")
+                c = _search_controls(engine, "", with_compare=True, with_picker=True)
+                image, text, method, alpha, k = c.image, c.text, c.method, c.alpha, c.k
+                lattqe, expander, nqe, keep_out = c.lattqe, c.expander, c.nqe, c.keep_out
+                gallery, explanation, raw, ids, compare_out = c.gallery, c.explanation, c.raw, c.ids, c.compare_out
                 _prepare_status(engine, method, lattqe)
                 with gr.Row(elem_id="share-row"):
                     share_link = gr.Textbox(label="Link to this query", interactive=False, elem_id="share-link",
@@ -178,13 +177,12 @@ def build_demo(settings: Optional[Settings] = None, engine: Optional[SearchEngin
                 with gr.Row(elem_id="export-row"):
                     export_json_btn = gr.Button("Download JSON", elem_id="export-json", min_width=140)
                     export_png_btn = gr.Button("Download contact sheet (PNG)", elem_id="export-png", min_width=200)
-                    export_file = gr.File(label="Download", elem_id="export-file", interactive=False, min_width=200)
-                history_ds = gr.Dataset(components=["textbox"], samples=[], type="index", label="Recent queries",
-                                        headers=["Recent queries (click to rerun)"], elem_id="history",
-                                        layout="table", samples_per_page=10)
-                examples = example_queries(engine)
-                if examples:
-                    gr.Examples(examples, inputs=[image, text], label="Try one")
+                    # shown only once an export exists (handlers.shown_file)
+                    export_file = gr.File(label="Download", elem_id="export-file", interactive=False, min_width=200,
+                                          visible=False)
+                history_ds = gr.Dataset(components=["textbox", "textbox"], samples=[], type="index",
+                                        label="Recent queries", headers=["Recent queries (click to rerun)", "Method"],
+                                        elem_id="history", layout="table", samples_per_page=10)
                 qs = gr.Textbox(visible=False, elem_id="share-qs")
                 history = gr.State([])
                 last = gr.State(None)
@@ -195,18 +193,26 @@ def build_demo(settings: Optional[Settings] = None, engine: Optional[SearchEngin
                 after_search = functools.partial(h.after_query, engine, "search")
                 after_compare = functools.partial(h.after_query, engine, "compare")
                 post = [qs, history, history_ds, last]
-                for trigger, api in ((button.click, "search"), (text.submit, False)):
-                    (trigger(search_fn, inputs + [keep_out], outputs, api_name=api, concurrency_limit=4)
-                     .success(after_search, inputs + [raw, history], post, api_name=False)
-                     .success(h.search_shown, None, [compare_out, gallery], api_name=False)
-                     .success(None, [qs, share_link], share_link, js=SET_URL_JS, api_name=False))
+
+                def then_search(event):
+                    """The rest of a search once its inputs are set: results, history, share link."""
+                    return (event.success(after_search, inputs + [raw, history], post, api_name=False)
+                            .success(h.search_shown, None, [compare_out, gallery], api_name=False)
+                            .success(None, [qs, share_link], share_link, js=SET_URL_JS, api_name=False))
+
+                for trigger, api in ((c.button.click, "search"), (text.submit, False)):
+                    then_search(trigger(search_fn, inputs + [keep_out], outputs, api_name=api, concurrency_limit=4))
+                if ex_grid is not None:  # a click on an example fills the inputs and runs it
+                    then_search(ex_grid.select(h.example_picker(engine, examples), None, [image, text], api_name=False)
+                                .success(search_fn, inputs + [keep_out], outputs, api_name=False, concurrency_limit=4))
                 compare_fn = h.user_errors(functools.partial(h.run_compare, engine))
-                (compare_btn.click(compare_fn, [image, text, alpha, k, lattqe, nqe, keep_out], [compare_out, raw],
-                                   api_name="compare", concurrency_limit=2)
+                (c.compare_btn.click(compare_fn, [image, text, alpha, k, lattqe, nqe, keep_out], [compare_out, raw],
+                                     api_name="compare", concurrency_limit=2)
                  .success(after_compare, inputs + [raw, history], post, api_name=False)
                  .success(h.compare_cleared, [raw], [gallery, ids, explanation], api_name=False)
                  .success(None, [qs, share_link], share_link, js=SET_URL_JS, api_name=False))
                 gallery.select(h.reference_picker(engine), [ids], image, api_name=False)
+                c.picker.grid.select(h.reference_picker(engine), [c.picker.ids], image, api_name=False)
                 restore_outputs = [image, text, method, alpha, k, lattqe, expander, nqe, gallery, explanation, raw, ids,
                                    compare_out, qs, history, history_ds, last]
                 assert len(restore_outputs) == h.N_RESTORE_OUTPUTS
@@ -216,10 +222,10 @@ def build_demo(settings: Optional[Settings] = None, engine: Optional[SearchEngin
                                   restore_outputs, api_name=False, concurrency_limit=4)
                  .success(None, [qs, share_link], share_link, js=SET_URL_JS, api_name=False))
                 copy_btn.click(None, [share_link], None, js=COPY_JS, api_name=False)
-                export_json_btn.click(h.user_errors(functools.partial(h.export_json_file, engine)), [last], export_file,
-                                      api_name=False)
-                export_png_btn.click(h.user_errors(functools.partial(h.export_png_file, engine)), [last], export_file,
-                                     api_name=False)
+                export_json_btn.click(h.user_errors(h.shown_file(functools.partial(h.export_json_file, engine))), [last],
+                                      export_file, api_name=False)
+                export_png_btn.click(h.user_errors(h.shown_file(functools.partial(h.export_png_file, engine))), [last],
+                                     export_file, api_name=False)
             with gr.Tab("Search your own photos", id="own"):
                 gr.Markdown("Upload a **.zip** of photos (jpg, png, webp, bmp, tiff, gif). They are indexed for "
                             "this session only and deleted when you leave.")
@@ -232,8 +238,10 @@ def build_demo(settings: Optional[Settings] = None, engine: Optional[SearchEngin
                                                  elem_id="own-index-type")
                         index_btn = gr.Button("Index the photos", elem_id="own-index")
                 status = gr.Markdown(elem_id="own-status")
-                (o_image, o_text, o_method, o_alpha, o_k, o_lattqe, o_expander, o_nqe, o_button, o_gallery,
-                 o_expl, o_raw, o_ids, o_keep_out) = _search_controls(engine, "own-")
+                o = _search_controls(engine, "own-")
+                o_image, o_text, o_method, o_alpha, o_k = o.image, o.text, o.method, o.alpha, o.k
+                o_lattqe, o_expander, o_nqe, o_keep_out = o.lattqe, o.expander, o.nqe, o.keep_out
+                o_button, o_gallery, o_expl, o_raw, o_ids = o.button, o.gallery, o.explanation, o.raw, o.ids
                 index_btn.click(h.user_errors(functools.partial(h.index_upload, engine)), [session, upload, index_type],
                                 [session, status], api_name="index_zip", concurrency_limit=1)
                 o_inputs = [session, o_image, o_text, o_method, o_alpha, o_k, o_lattqe, o_expander, o_nqe, o_keep_out]
@@ -245,18 +253,10 @@ def build_demo(settings: Optional[Settings] = None, engine: Optional[SearchEngin
     # Queue: each event runs at most its `concurrency_limit` jobs at once (events without one: CIS_CONCURRENCY);
     # at most CIS_QUEUE_MAX jobs wait. Beyond that the page shows Gradio's "This application is currently busy.
     # Please try again." and API clients get HTTP 503 "Queue is full" instead of an ever longer wait.
-    demo.queue(max_size=max(1, int(settings_value("CIS_QUEUE_MAX", 64))),
-               default_concurrency_limit=max(1, int(settings_value("CIS_CONCURRENCY", 4))),
+    demo.queue(max_size=max(1, settings.queue_max), default_concurrency_limit=max(1, settings.concurrency),
                status_update_rate="auto", api_open=False)
-    demo.cis_engine = engine
     SESSIONS.start_janitor(engine.settings)  # sweeps session folders left by an earlier server, then periodically
     return demo
-
-
-def settings_value(name: str, default):
-    import os
-
-    return os.environ.get(name, default)
 
 
 def allowed_paths(engine: SearchEngine):

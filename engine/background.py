@@ -10,21 +10,21 @@ becomes selectable without a restart; searches keep using the available methods 
 from __future__ import annotations
 
 import logging
-import os
 import threading
 from typing import Optional
 
+from .config import Settings
 from .prepare import PARTS, Status
 
 log = logging.getLogger(__name__)
 LABEL = {"context-i2w": "Context-I2W", "rtic": "RTIC", "lattqe": "LAttQE", "ics": "ICS-64 index"}
 
 
-def mode() -> bool:
+def mode(settings: Settings) -> bool:
     """Whether the app prepares by itself (``CIS_PREPARE``; unknown values are refused)."""
-    value = os.environ.get("CIS_PREPARE", "auto").strip().lower() or "auto"
+    value = settings.prepare or "auto"
     if value == "auto":
-        return bool(os.environ.get("SPACE_ID"))
+        return settings.on_space
     if value in ("on", "1", "true", "yes"):
         return True
     if value in ("off", "0", "false", "no"):
@@ -32,13 +32,9 @@ def mode() -> bool:
     raise ValueError(f"CIS_PREPARE={value!r}: use auto, on or off")
 
 
-def budget_min() -> float:
-    return float(os.environ.get("CIS_PREPARE_BUDGET_MIN", "30") or 30)
-
-
-def parts() -> list:
+def parts(settings: Settings) -> list:
     """``CIS_PREPARE_PARTS`` (comma list; default every part)."""
-    raw = os.environ.get("CIS_PREPARE_PARTS", "").strip()
+    raw = settings.prepare_parts.strip()
     return [p.strip() for p in raw.split(",") if p.strip()] if raw else list(PARTS)
 
 
@@ -51,24 +47,23 @@ def refresh(engine) -> list:
     from .expand import EXPANDERS, ExpanderUnavailable
 
     ckpt, bb, new = engine.settings.checkpoints, engine.backbone, []
-    for name in list(engine.unavailable):
-        try:
-            composer = COMPOSERS.get(name)(bb, checkpoint_dir=ckpt)
-        except (ComposerUnavailable, CheckpointError) as exc:
-            engine.unavailable[name] = str(exc)
-            continue
-        engine.composers[name] = composer
-        engine.unavailable.pop(name, None)
-        new.append(name)
-    for name in list(engine.expanders_unavailable):
-        try:
-            expander = EXPANDERS.get(name)(embed_dim=bb.embed_dim, checkpoint_dir=ckpt, fingerprint=bb.fingerprint)
-        except (ExpanderUnavailable, CheckpointError) as exc:
-            engine.expanders_unavailable[name] = str(exc)
-            continue
-        engine.expanders[name] = expander
-        engine.expanders_unavailable.pop(name, None)
-        new.append(name)
+
+    def retry(available: dict, unavailable: dict, make, missing) -> None:
+        for name in list(unavailable):
+            try:
+                part = make(name)
+            except (missing, CheckpointError) as exc:
+                unavailable[name] = str(exc)
+                continue
+            available[name] = part
+            unavailable.pop(name, None)
+            new.append(name)
+
+    retry(engine.composers, engine.unavailable, lambda n: COMPOSERS.get(n)(bb, checkpoint_dir=ckpt),
+          ComposerUnavailable)
+    retry(engine.expanders, engine.expanders_unavailable,
+          lambda n: EXPANDERS.get(n)(embed_dim=bb.embed_dim, checkpoint_dir=ckpt, fingerprint=bb.fingerprint),
+          ExpanderUnavailable)
     return new
 
 
@@ -76,8 +71,8 @@ class BackgroundPrepare:
     """One background prepare run for ``engine``'s backbone; :attr:`status` is read by the page."""
 
     def __init__(self, engine, budget: Optional[float] = None, parts=None, spec: Optional[str] = None):
-        self.engine, self.parts = engine, list(parts) if parts else globals()["parts"]()
-        self.budget = budget if budget is not None else budget_min()
+        self.engine, self.parts = engine, list(parts) if parts else globals()["parts"](engine.settings)
+        self.budget = budget if budget is not None else engine.settings.prepare_budget_min
         self.spec = spec or engine.settings.backbone
         self.status = Status(state={p: "waiting" for p in self.parts})
         self.thread: Optional[threading.Thread] = None
@@ -144,7 +139,7 @@ _RUNNING: dict = {}
 
 def start_for(engine) -> Optional[BackgroundPrepare]:
     """Starts (once per engine) the background prepare when :func:`mode` says so; None otherwise."""
-    if not mode():
+    if not mode(engine.settings):
         return None
     key = id(engine)
     if key not in _RUNNING:

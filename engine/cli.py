@@ -64,7 +64,7 @@ def cmd_info(args) -> int:
         from .search import open_engine
 
         eng = open_engine(args.index, settings=s,
-                          backbone=create_backbone(s.backbone, s.device) if args.backbone else None)
+                          backbone=create_backbone(s.backbone, s.device, settings=s) if args.backbone else None)
         out = eng.info()
     else:
         # answered without loading any model: what is asked for, what exists, what the machine has
@@ -78,7 +78,7 @@ def cmd_info(args) -> int:
             from .backbones import create_backbone
             from .index.vectors import gpu_count
 
-            out["backbone"] = create_backbone(s.backbone, s.device).describe()
+            out["backbone"] = create_backbone(s.backbone, s.device, settings=s).describe()
             out["faiss_gpus"] = gpu_count()
         else:
             out["backbone"] = {"requested": s.backbone, "device": s.device,
@@ -96,7 +96,7 @@ def cmd_index(args) -> int:
     from .index.build import index_source
 
     s = _settings(args)
-    backbone = create_backbone(s.backbone, s.device)
+    backbone = create_backbone(s.backbone, s.device, settings=s)
     if args.runner == "ray":
         from .index.ray_runner import build_index_ray
 
@@ -120,7 +120,7 @@ def cmd_search(args) -> int:
     from .backbones import create_backbone
 
     s = _settings(args)
-    eng = open_engine(args.index, settings=s, backbone=create_backbone(s.backbone, s.device) if args.backbone else None,
+    eng = open_engine(args.index, settings=s, backbone=create_backbone(s.backbone, s.device, settings=s) if args.backbone else None,
                       index_type=args.index_type)
     image = args.image
     if image is not None and image.startswith("gallery:"):

@@ -18,16 +18,9 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence
 
 from .errors import EngineError
+from .labels import expand_label, method_label
 from .search import DEFAULT_NQE, SearchEngine, SearchResponse, search
 
-LABELS = {
-    "image": "Image only",
-    "text": "Text only",
-    "sum": "Image + text",
-    "context-i2w": "Context-I2W",
-    "rtic": "RTIC",
-}
-EXPAND_LABELS = {"lattqe": "LAttQE", "aqe": "AQE", "aqewd": "AQEwD", "alpha-qe": "α-QE", "dba": "DBA"}
 
 
 def column_key(method: str, expand: str = "none") -> str:
@@ -36,8 +29,8 @@ def column_key(method: str, expand: str = "none") -> str:
 
 
 def column_label(method: str, expand: str = "none") -> str:
-    label = LABELS.get(method, method)
-    return label if expand in (None, "", "none") else f"{label} + {EXPAND_LABELS.get(expand, expand)}"
+    label = method_label(method)
+    return label if expand in (None, "", "none") else f"{label} + {expand_label(expand)}"
 
 
 @dataclass
@@ -197,7 +190,7 @@ def main(argv=None) -> int:
         s.device = args.device
     try:
         eng = open_engine(args.index, settings=s,
-                          backbone=create_backbone(s.backbone, s.device) if args.backbone else None)
+                          backbone=create_backbone(s.backbone, s.device, settings=s) if args.backbone else None)
         image = args.image
         if image is not None and image.startswith("gallery:"):
             image = int(image.split(":", 1)[1])

@@ -7,6 +7,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 ASSETS = ROOT / "assets"
+MAX_K = 200  # the most results one search returns (search(), shared links)
 
 
 def _env(name: str, default: str) -> str:
@@ -42,6 +43,16 @@ class Settings:
     session_ttl_s: float = field(default_factory=lambda: float(_env("CIS_SESSION_TTL_S", "3600")))
     max_text_chars: int = field(default_factory=lambda: int(_env("CIS_MAX_TEXT_CHARS", "1000")))
     auto_timeout_s: float = field(default_factory=lambda: float(_env("CIS_AUTO_TIMEOUT_S", "3")))
+    # the web app (app.py, demo/ui.py)
+    server_name: str = field(default_factory=lambda: _env("GRADIO_SERVER_NAME", "127.0.0.1"))
+    server_port: int = field(default_factory=lambda: int(_env("GRADIO_SERVER_PORT", "7860")))
+    queue_max: int = field(default_factory=lambda: int(_env("CIS_QUEUE_MAX", "64")))
+    concurrency: int = field(default_factory=lambda: int(_env("CIS_CONCURRENCY", "4")))
+    # background prepare of a running app (engine/background.py)
+    prepare: str = field(default_factory=lambda: _env("CIS_PREPARE", "auto").lower())
+    prepare_budget_min: float = field(default_factory=lambda: float(_env("CIS_PREPARE_BUDGET_MIN", "30")))
+    prepare_parts: str = field(default_factory=lambda: _env("CIS_PREPARE_PARTS", ""))
+    on_space: bool = field(default_factory=lambda: bool(_env("SPACE_ID", "")))
 
     def resolved_index_dir(self) -> Path:
         if self.index_dir:

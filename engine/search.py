@@ -9,7 +9,7 @@ import time
 from collections import OrderedDict
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
 import numpy as np
 import torch
@@ -17,15 +17,15 @@ from PIL import Image
 
 from .backbones.base import Backbone
 from .compose import COMPOSERS, Composer, ComposerUnavailable, Query
-from .config import Settings
+from .config import MAX_K, Settings
 from .errors import EngineError, InputError
 from .expand import EXPANDERS, Expander, ExpanderUnavailable
 from .images import load_image
 from .index.store import GalleryIndex
+from .share import ReferenceStore
 
 log = logging.getLogger(__name__)
 DEFAULT_NQE = 64
-MAX_K = 200
 SAME_IMAGE_COSINE = 0.9995  # cosine at which a gallery embedding is the reference itself (float16 storage)
 
 
@@ -121,6 +121,8 @@ class SearchEngine:
                 f"index built with {index.fingerprint} but the backbone is {backbone.fingerprint}; rebuild the index"
             )
         self.cache = FeatureCache()
+        # uploaded references by content hash, so a shared link (``sha256:...``) can be restored (engine/share.py)
+        self.references = ReferenceStore(capacity=self.cache.capacity)
         self._lock = threading.Lock()
         if models_from is not None and models_from.backbone is backbone:
             self.composers, self.unavailable = models_from.composers, models_from.unavailable
@@ -160,28 +162,29 @@ class SearchEngine:
             data = read_bytes(image, int(self.settings.max_upload_mb * 1e6))
             key = hashlib.sha256(data).hexdigest()
             image = data
-        hit = self.cache.get(key)
-        if hit is not None:
-            return key, hit[0], hit[1], True
-        pil = load_image(image, max_pixels=self.settings.max_pixels, max_bytes=int(self.settings.max_upload_mb * 1e6),
-                         max_aspect=self.settings.max_aspect, max_frames=self.settings.max_frames)
-        with torch.no_grad():
-            emb, tokens = self.backbone.encode_images_with_tokens(self.backbone.preprocess(pil).unsqueeze(0))
-        value = (emb[0].float().cpu(), tokens[0].float().cpu())
-        self.cache.put(key, value)
-        return key, value[0], value[1], False
+        return self._cached_features(key, lambda: load_image(
+            image, max_pixels=self.settings.max_pixels, max_bytes=int(self.settings.max_upload_mb * 1e6),
+            max_aspect=self.settings.max_aspect, max_frames=self.settings.max_frames))
 
     def gallery_features(self, item_id: int):
         if not 0 <= item_id < len(self.index):
             raise InputError(f"gallery item {item_id} does not exist (the gallery has {len(self.index)} images)")
         key = self.index.items[item_id]["sha256"]
+
+        def load():
+            path = self.index.image_path(item_id)
+            if not path.exists():
+                path = self.index.display_path(item_id)
+            return load_image(path, max_pixels=self.settings.max_pixels)
+
+        return self._cached_features(key, load)
+
+    def _cached_features(self, key: str, load: Callable[[], Image.Image]):
+        """The one encode-and-cache path: features by content hash, the image loaded only on a miss."""
         hit = self.cache.get(key)
         if hit is not None:
             return key, hit[0], hit[1], True
-        path = self.index.image_path(item_id)
-        if not path.exists():
-            path = self.index.display_path(item_id)
-        pil = load_image(path, max_pixels=self.settings.max_pixels)
+        pil = load()
         with torch.no_grad():
             emb, tokens = self.backbone.encode_images_with_tokens(self.backbone.preprocess(pil).unsqueeze(0))
         value = (emb[0].float().cpu(), tokens[0].float().cpu())
@@ -301,15 +304,16 @@ def search(
     extra = 4 if exclude_reference and query.has_image else 0
     ref_vec = (query.image_embedding.detach().float().cpu().numpy().astype(np.float32)
                if extra and query.image_embedding is not None else None)
+    # one first-stage search: the results themselves, or (with expansion) the nQE neighbours to expand from
+    nq = max(1, min(nqe, n))
     t = time.perf_counter()
-    scores, ids = engine.index.search(qvec[None], min(n, k + extra))
+    s1, i1 = engine.index.search(qvec[None], nq if expand != "none" else min(n, k + extra))
     timings["search"] = (time.perf_counter() - t) * 1e3
     explanation: Dict[str, Any] = {"composer": comp.explanation}
-    first_rank = {int(i): r for r, i in enumerate(ids[0]) if i >= 0}
+    scores, ids = s1, i1
+    first_rank: Dict[int, int] = {}
     if expand != "none":
         t = time.perf_counter()
-        nq = max(1, min(nqe, n))
-        s1, i1 = engine.index.search(qvec[None], nq)
         valid = i1[0] >= 0
         nb_ids = i1[0][valid]
         neighbours = engine.index.embeddings[nb_ids].astype(np.float32)
@@ -391,7 +395,8 @@ def open_engine(index_dir, backbone: Optional[Backbone] = None, settings: Option
         index_dir = settings.resolved_index_dir()
     if backbone is None:
         meta_backbone = GalleryIndex.load(index_dir, build_vectors=False).meta.get("backbone", "")
-        backbone = create_backbone(_backbone_name_for(meta_backbone) or settings.backbone, settings.device)
+        backbone = create_backbone(_backbone_name_for(meta_backbone) or settings.backbone, settings.device,
+                                   settings=settings)
     opts = {"checkpoint_dir": settings.checkpoints, "fingerprint": backbone.fingerprint}
     index = GalleryIndex.load(index_dir, expected_fingerprint=backbone.fingerprint, vector_options=opts)
     if index_type and index_type != index.meta.get("index_type"):

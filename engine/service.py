@@ -24,7 +24,7 @@ _lock = threading.Lock()
 def load_default_engine(settings: Optional[Settings] = None, progress=None) -> SearchEngine:
     """The engine over ``settings.gallery``; (re)builds its index when missing, stale or damaged."""
     settings = settings or Settings()
-    backbone = create_backbone(settings.backbone, settings.device)
+    backbone = create_backbone(settings.backbone, settings.device, settings=settings)
     out = settings.resolved_index_dir()
     with _lock:
         try:

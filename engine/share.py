@@ -20,11 +20,11 @@ from pathlib import Path
 from typing import Dict, Mapping, Optional, Union
 from urllib.parse import parse_qs, urlencode, urlsplit, urlunsplit
 
+from .config import MAX_K
 from .errors import InputError
 from .images import sha256_file
 
 VIEWS = ("search", "compare")
-MAX_K = 200
 _HASH = re.compile(r"^[0-9a-f]{64}$")
 KEYS = ("image", "text", "method", "alpha", "k", "expand", "nqe", "view")
 
@@ -169,19 +169,6 @@ class ReferenceStore:
         return p if p and Path(p).is_file() else None
 
 
-_stores_lock = threading.Lock()
-
-
-def reference_store(engine) -> ReferenceStore:
-    """The store attached to an engine (one per engine, created on first use)."""
-    with _stores_lock:
-        store = getattr(engine, "_share_references", None)
-        if store is None:
-            store = ReferenceStore(capacity=getattr(engine.cache, "capacity", 256))
-            engine._share_references = store
-        return store
-
-
 def state_for(engine, image, text: Optional[str], method: str, alpha: float, k: int, expand: str, nqe: int,
               view: str = "search") -> QueryState:
     """The shareable state of a query as the UI holds it (``image``: a file path, a gallery id or None).
@@ -200,7 +187,7 @@ def state_for(engine, image, text: Optional[str], method: str, alpha: float, k: 
             st.image_id = gid
         else:
             st.image_hash = key
-            reference_store(engine).put(key, image)
+            engine.references.put(key, image)
     return st.validate()
 
 
@@ -219,7 +206,7 @@ def resolve_reference(engine, state: QueryState):
         gid = engine.find_item(state.image_hash)
         if gid is not None:
             return gid
-        path = reference_store(engine).get(state.image_hash)
+        path = engine.references.get(state.image_hash)
         if path is None or state.image_hash not in engine.cache:
             raise InputError("the uploaded reference image in this link is no longer held by the server; "
                              "upload it again")

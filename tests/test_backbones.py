@@ -59,6 +59,28 @@ def test_pseudo_word_injection_matches_the_real_word(name):
     assert p.grad is not None and p.grad.abs().sum() > 0
 
 
+def test_openai_bpe_backbones_use_the_authors_replace_token(tiny):
+    """With the OpenAI CLIP BPE the pseudo-word slot is <|replace|>, the id of the dropped last merge."""
+    from open_clip.tokenizer import SimpleTokenizer
+
+    vocab = SimpleTokenizer()  # the vocabulary as open_clip ships it
+    last_merge = max(vocab.bpe_ranks, key=vocab.bpe_ranks.get)
+    assert vocab.encoder["".join(last_merge)] == 49405 == tiny.placeholder_id
+    assert (vocab.sot_token_id, vocab.eot_token_id) == (49406, 49407)
+    assert tiny.placeholder == "<|replace|>"
+    ids = tiny.tokenizer(["a photo of <|replace|> , in red"])[0].tolist()
+    n = len(vocab.encode("a photo of")) + len(vocab.encode(", in red")) + 3
+    assert ids[:n] == [49406, *vocab.encode("a photo of"), 49405, *vocab.encode(", in red"), 49407]
+    for text in ("the same dress but red", "the building at night", "a German shepherd, a cat instead"):
+        assert tiny.tokenizer.encode(text) == vocab.encode(text)  # every other text tokenizes as before
+    # the one word that used the dropped merge still encodes (in smaller pieces), never as the placeholder
+    assert 49405 not in tiny.tokenizer.encode("jekyll") and tiny.tokenizer.decode(tiny.tokenizer.encode("jekyll")) \
+        .strip() == "jekyll"
+    assert tiny.count_tokens("a <|replace|>") == 4
+    # tokenizers other than the OpenAI BPE keep the documented '*'
+    assert create_backbone("packaged", "cpu").placeholder == "*"
+
+
 def test_pseudo_word_needs_the_placeholder(tiny):
     from engine.errors import EngineError
 
@@ -81,6 +103,27 @@ def test_auto_falls_back_offline_fast(monkeypatch):
     b = factory.create_backbone("auto", "cpu", cache=False)
     assert b.name.startswith("packaged:")
     assert "offline" in b.why
+
+
+def test_auto_waits_as_long_as_settings_say_and_leaves_the_process_environment_alone(monkeypatch):
+    """The hub timeout comes from Settings (CIS_AUTO_TIMEOUT_S), and falling back offline does not switch
+    the whole process to HF_HUB_OFFLINE."""
+    import os
+
+    from engine.backbones import factory, openclip
+    from engine.config import Settings
+
+    waited = []
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setattr(openclip, "pretrained_cached", lambda arch, tag: False)
+    monkeypatch.setattr(openclip, "hub_reachable", lambda timeout: waited.append(timeout) or False)
+    monkeypatch.setenv("CIS_AUTO_TIMEOUT_S", "0.25")
+    s = Settings()
+    monkeypatch.setenv("CIS_AUTO_TIMEOUT_S", "9")  # read once: a later change does not reach this Settings
+    b = factory.create_backbone("auto", "cpu", cache=False, settings=s)
+    assert waited == [0.25]
+    assert b.name.startswith("packaged:") and "0.25 s" in b.why
+    assert "HF_HUB_OFFLINE" not in os.environ
 
 
 def test_unknown_backbone_is_a_clear_error():

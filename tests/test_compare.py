@@ -82,7 +82,7 @@ def test_compare_has_one_column_per_available_method(gallery_engine):
     assert set(data["columns"][0]["response"]) == set(search(eng, text="x", method="text", k=1).to_json())
 
 
-def test_compare_follows_whatever_methods_and_lattqe_are_available(gallery_engine):
+def test_compare_follows_whatever_methods_and_lattqe_are_available(gallery_engine, monkeypatch):
     eng = gallery_engine
 
     class Opposite:
@@ -92,26 +92,26 @@ def test_compare_follows_whatever_methods_and_lattqe_are_available(gallery_engin
             v = -query.image_embedding.float()
             return Composition((v / v.norm()).numpy(), {"formula": "q = -img", "gate_mean": 0.25})
 
-    eng.composers["opposite"] = Opposite()
-    try:
-        plan = compare_plan(eng, lattqe=True)
-        assert plan == [(m, "none") for m in eng.composers] + [(m, "lattqe") for m in eng.composers]
-        res = compare(eng, image=7, text="red", k=4, lattqe=None)
-        keys = [c.key for c in res.columns]
-        expected = list(eng.composers) + ([column_key(m, "lattqe") for m in eng.composers]
-                                          if "lattqe" in eng.expanders else [])
-        assert keys == expected
-        opp = res.column("opposite")
-        g = eng.index.embeddings.astype(np.float32)
-        worst = np.argsort(g @ g[7])[:4]  # least similar to the reference
-        assert opp.ids == [int(i) for i in worst]
-        assert opp.response.explanation["composer"]["gate_mean"] == 0.25
-        if "lattqe" not in eng.expanders:  # forcing LAttQE without a checkpoint: clear per-column reason
-            res = compare(eng, image=7, text="red", k=4, lattqe=True, methods=["sum"])
-            assert [c.key for c in res.columns] == ["sum", "sum+lattqe"]
-            assert res.columns[1].error and "lattqe" in res.columns[1].error.lower()
-    finally:
-        del eng.composers["opposite"]
+    monkeypatch.setitem(eng.composers, "opposite", Opposite())
+    assert "lattqe" in eng.expanders  # the shipped checkpoint fits the packaged backbone
+    plan = compare_plan(eng, lattqe=True)
+    assert plan == [(m, "none") for m in eng.composers] + [(m, "lattqe") for m in eng.composers]
+    res = compare(eng, image=7, text="red", k=4, lattqe=None)
+    assert [c.key for c in res.columns] == list(eng.composers) + [column_key(m, "lattqe") for m in eng.composers]
+    opp = res.column("opposite")
+    g = eng.index.embeddings.astype(np.float32)
+    worst = np.argsort(g @ g[7])[:4]  # least similar to the reference
+    assert opp.ids == [int(i) for i in worst]
+    assert opp.response.explanation["composer"]["gate_mean"] == 0.25
+    # the same engine without a LAttQE checkpoint: by default no LAttQE columns; forced, a clear per-column reason
+    monkeypatch.delitem(eng.expanders, "lattqe")
+    monkeypatch.setitem(eng.expanders_unavailable, "lattqe", "no LAttQE checkpoint for this backbone")
+    res = compare(eng, image=7, text="red", k=4, lattqe=None)
+    assert [c.key for c in res.columns] == list(eng.composers)
+    res = compare(eng, image=7, text="red", k=4, lattqe=True, methods=["sum"])
+    assert [c.key for c in res.columns] == ["sum", "sum+lattqe"]
+    assert res.columns[0].error is None and res.columns[1].ids == []
+    assert res.columns[1].error and "no lattqe checkpoint" in res.columns[1].error.lower()
 
 
 def test_compare_column_errors_and_query_errors(gallery_engine):

@@ -69,15 +69,16 @@ def test_output_shapes_and_composer(name, request):
     out = comp.compose(Query(text="with a red hat", image_embedding=emb[0], image_tokens=tok[0], has_image=True))
     assert out.vector.shape == (bb.embed_dim,)
     assert abs(float(np.linalg.norm(out.vector)) - 1) < 1e-5
-    assert out.explanation["prompt"] == "a photo of * , with a red hat"
+    assert out.explanation["prompt"] == f"a photo of {bb.placeholder} , with a red hat"
     assert out.explanation["gate"] == 0.0
     # the vector is the text encoder's embedding of that prompt with S* computed from that prompt's context
     ctx1 = bb.encode_texts([out.explanation["prompt"]]).embeddings
     ref = bb.encode_texts_with_pseudo([out.explanation["prompt"]], m(ctx1, tok[:1]))[0].detach()
     assert np.allclose(out.vector, ref.numpy(), atol=1e-5)
     # the placeholder inside user text is removed with a notice, never a crash
-    out2 = comp.compose(Query(text="a * star", image_embedding=emb[0], image_tokens=tok[0], has_image=True))
-    assert out2.explanation["prompt"] == "a photo of * , a star" and out2.notices
+    out2 = comp.compose(Query(text=f"a {bb.placeholder} star", image_embedding=emb[0], image_tokens=tok[0],
+                              has_image=True))
+    assert out2.explanation["prompt"] == f"a photo of {bb.placeholder} , a star" and out2.notices
     with pytest.raises(InputError):
         comp.compose(Query(text="x", has_image=False))
 
@@ -96,7 +97,7 @@ def test_gradients_reach_only_the_mapper(tiny_a):
         m.gate.fill_(0.5)  # with the gate at 0 the local branch would (correctly) get no gradient
     emb, tok = _tokens(tiny_a, 4)
     ctx = tiny_a.encode_texts(["* a", "* b", "* c", "* d"]).embeddings
-    txt = tiny_a.encode_texts_with_pseudo(["a photo of *"] * 4, m(ctx, tok))
+    txt = tiny_a.encode_texts_with_pseudo([f"a photo of {tiny_a.placeholder}"] * 4, m(ctx, tok))
     loss = -(emb * txt).sum()
     loss.backward()
     for name, p in m.named_parameters():
@@ -365,7 +366,7 @@ def test_checkpoint_roundtrip_fingerprint_and_factory(tmp_path, tiny_a, tiny_b):
     path = save_checkpoint(tmp_path / checkpoint_name(tiny_a.name), m, tiny_a, half=True)
     rec = json.loads(path.with_suffix(".json").read_text())
     assert rec["backbone_fingerprint"] == tiny_a.fingerprint and rec["config"]["template"].startswith("an image")
-    assert rec["placeholder"] == "*" and rec["placeholder_id"] == tiny_a.placeholder_id
+    assert rec["placeholder"] == "<|replace|>" and rec["placeholder_id"] == tiny_a.placeholder_id == 49405
     with pytest.raises(CheckpointError, match=path.name):
         load_checkpoint(path, tiny_b.fingerprint)
     with pytest.raises(ComposerUnavailable):  # only a checkpoint for another backbone is there
@@ -373,7 +374,7 @@ def test_checkpoint_roundtrip_fingerprint_and_factory(tmp_path, tiny_a, tiny_b):
     comp = factory(tiny_a, checkpoint_dir=tmp_path)
     emb, tok = _tokens(tiny_a, 1)
     out = comp.compose(Query(text="blue", image_embedding=emb[0], image_tokens=tok[0], has_image=True))
-    assert out.explanation["prompt"] == "an image of * that is blue"
+    assert out.explanation["prompt"] == "an image of <|replace|> that is blue"
     assert out.explanation["checkpoint"] == path.name
     ctx = tiny_a.encode_texts(["* x"]).embeddings
     assert torch.allclose(comp.mapper(ctx, tok), m(ctx, tok), atol=2e-2)  # float16 storage

@@ -71,6 +71,7 @@ def test_a_full_queue_answers_busy_and_the_server_recovers(gallery_engine, launc
 
     import demo.handlers as h
     from demo.ui import build_demo
+    from engine.config import Settings
 
     real_search = h.search
 
@@ -80,7 +81,7 @@ def test_a_full_queue_answers_busy_and_the_server_recovers(gallery_engine, launc
 
     monkeypatch.setattr(h, "search", slow_search)
     monkeypatch.setenv("CIS_QUEUE_MAX", "1")
-    demo = build_demo(gallery_engine.settings, engine=gallery_engine)
+    demo = build_demo(Settings(), engine=gallery_engine)  # CIS_QUEUE_MAX reaches the page through Settings
     url = launch_demo(demo, gallery_engine) + "/"
     data = [None, "a red apple", "text", 0.5, 2, False, "none", 64, True]  # raw HTTP sends every input
     codes, bodies, lock = [], [], threading.Lock()

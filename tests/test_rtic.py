@@ -51,42 +51,63 @@ torch.set_num_threads(1)
 # -- architecture ---------------------------------------------------------------------------------------
 
 
-def _linear(i, o):
-    return i * o + o
+# The paper's Table 6 (Appendix B) for D = 512, written out row by row with its numbers: (part, layer,
+# input width, output width). Parameter counts below come from these rows alone, not from the model code.
+TABLE6_D512 = [
+    ("fusion", "BatchNorm", 1024, 1024), ("fusion", "LeakyReLU", 1024, 1024), ("fusion", "Linear", 1024, 512),
+    *[row for _ in range(4) for row in (
+        ("block", "Linear", 512, 256), ("block", "BatchNorm", 256, 256), ("block", "LeakyReLU", 256, 256),
+        ("block", "Linear", 256, 256), ("block", "BatchNorm", 256, 256), ("block", "LeakyReLU", 256, 256),
+        ("block", "Linear", 256, 512))],
+    ("gate", "Linear", 512, 512), ("gate", "BatchNorm", 512, 512), ("gate", "LeakyReLU", 512, 512),
+    ("gate", "Linear", 512, 512), ("gate", "Sigmoid", 512, 512),
+]
+_TORCH = {"Linear": nn.Linear, "BatchNorm": nn.BatchNorm1d, "LeakyReLU": nn.LeakyReLU, "Sigmoid": nn.Sigmoid}
 
 
-def _bn(c):
-    return 2 * c
+def _table_params(part=None) -> int:
+    """Trainable parameters of Table 6's rows: Linear i*o weights + o biases, BatchNorm a scale and a shift per
+    channel, activations none."""
+    per = {"Linear": lambda i, o: i * o + o, "BatchNorm": lambda i, o: 2 * o}
+    return sum(per.get(layer, lambda i, o: 0)(i, o) for p, layer, i, o in TABLE6_D512 if part in (None, p))
 
 
 def test_parameter_count_matches_table6_for_512():
-    d = 512
-    fusion = _bn(2 * d) + _linear(2 * d, d)
-    block = _linear(d, d // 2) + _bn(d // 2) + _linear(d // 2, d // 2) + _bn(d // 2) + _linear(d // 2, d)
-    gate = _linear(d, d) + _bn(d) + _linear(d, d)
-    expected = fusion + 4 * block + gate
-    model = RTIC(RTICConfig(dim=d))
-    assert count_parameters(model) == expected == 2_372_096
-    assert count_parameters(model.fusion) == fusion
-    assert all(count_parameters(b) == block for b in model.blocks)
-    assert count_parameters(model.gate) == gate
-    # no gate / fewer blocks change the count by exactly those parts
-    assert count_parameters(RTIC(RTICConfig(dim=d, gating=False))) == expected - gate
-    assert count_parameters(RTIC(RTICConfig(dim=d, n_blocks=2))) == expected - 2 * block
+    model = RTIC(RTICConfig(dim=512))
+    assert _table_params() == 2_372_096  # the figure docs/rtic.md quotes
+    assert count_parameters(model) == _table_params()
+    assert count_parameters(model.fusion) == _table_params("fusion")
+    assert sum(count_parameters(b) for b in model.blocks) == _table_params("block")
+    assert count_parameters(model.gate) == _table_params("gate")
+    # no gate / fewer blocks change the count by exactly those parts of the table
+    assert count_parameters(RTIC(RTICConfig(dim=512, gating=False))) == _table_params() - _table_params("gate")
+    assert count_parameters(RTIC(RTICConfig(dim=512, n_blocks=2))) == _table_params() - _table_params("block") // 2
+
+
+def _layers(part: str, modules):
+    """The model's layers of one part as Table 6 rows (activations carry the width of what they follow)."""
+    rows, width = [], None
+    for m in modules:
+        if isinstance(m, nn.Linear):
+            rows.append((part, "Linear", m.in_features, m.out_features))
+            width = m.out_features
+        elif isinstance(m, nn.BatchNorm1d):
+            rows.append((part, "BatchNorm", m.num_features, m.num_features))
+            width = m.num_features
+        else:
+            name = next(k for k, t in _TORCH.items() if isinstance(m, t))
+            rows.append((part, name, width, width))
+    return rows
 
 
 def test_module_structure_matches_table6():
     model = RTIC(RTICConfig(dim=512))
     f = model.fusion
-    assert (f.bn.num_features, f.fc.in_features, f.fc.out_features) == (1024, 1024, 512)
-    assert isinstance(f.act, nn.LeakyReLU)
-    assert len(model.blocks) == 4
-    kinds = [type(m) for m in model.blocks[0].net]
-    assert kinds == [nn.Linear, nn.BatchNorm1d, nn.LeakyReLU, nn.Linear, nn.BatchNorm1d, nn.LeakyReLU, nn.Linear]
-    lins = [m for m in model.blocks[0].net if isinstance(m, nn.Linear)]
-    assert [(m.in_features, m.out_features) for m in lins] == [(512, 256), (256, 256), (256, 512)]
-    gkinds = [type(m) for m in model.gate.net]
-    assert gkinds == [nn.Linear, nn.BatchNorm1d, nn.LeakyReLU, nn.Linear, nn.Sigmoid]
+    got = _layers("fusion", [f.bn, f.act, f.fc])
+    for b in model.blocks:
+        got += _layers("block", b.net)
+    got += _layers("gate", model.gate.net)
+    assert got == TABLE6_D512
 
 
 def _manual_forward(model: RTIC, img, txt, inner_skip=True):
@@ -527,12 +548,16 @@ def test_checkpoint_roundtrip_and_composer(tmp_path):
     save_checkpoint(tmp_path / "rtic-gcn-fake-a.safetensors", model, bb.fingerprint, bb.name, {"variant": "rtic+gcn"})
     assert load_rtic_composer(bb, tmp_path).record["variant"] == "rtic"
     assert load_rtic_composer(bb, tmp_path, variant="rtic").record["file"] == "rtic-fake-a.safetensors"
-    # with stored held-out numbers the better one wins
-    save_checkpoint(tmp_path / "rtic-fake-a.safetensors", model, bb.fingerprint, bb.name,
-                    {"variant": "rtic", "held_out": {"R@10": 60.0}})
-    save_checkpoint(tmp_path / "rtic-gcn-fake-a.safetensors", model, bb.fingerprint, bb.name,
-                    {"variant": "rtic+gcn", "held_out": {"R@10": 55.0}})
-    assert load_rtic_composer(bb, tmp_path).record["variant"] == "rtic"
+    # the rule is the variant (plain first), not stored test-split figures nor the file name: here the GCN
+    # checkpoint has the better held-out R@10 and the earlier name, and plain RTIC is still the one loaded
+    other = tmp_path / "rule"
+    save_checkpoint(other / "rtic-b-fake-a.safetensors", model, bb.fingerprint, bb.name,
+                    {"variant": "rtic", "held_out": {"R@10": 40.0}})
+    save_checkpoint(other / "rtic-a-fake-a.safetensors", model, bb.fingerprint, bb.name,
+                    {"variant": "rtic+gcn", "held_out": {"R@10": 70.0}})
+    chosen = load_rtic_composer(bb, other).record
+    assert (chosen["variant"], chosen["file"]) == ("rtic", "rtic-b-fake-a.safetensors")
+    assert load_rtic_composer(bb, other, variant="rtic+gcn").record["file"] == "rtic-a-fake-a.safetensors"
 
 
 def test_cli_synthetic_run_writes_checkpoints_and_report(tmp_path):

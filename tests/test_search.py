@@ -94,3 +94,39 @@ def test_long_text_is_truncated_with_a_notice(gallery_engine):
     text = " ".join(["x"] * 400)  # 400 tokens > MiniLM's 256, still under the 1000-character limit
     resp = search(gallery_engine, text=text, method="text", k=2)
     assert any("truncated" in n for n in resp.notices)
+
+
+def test_first_stage_search_runs_once_with_expansion(gallery_engine, monkeypatch):
+    """With expansion the first-stage neighbours are the ones expanded from: the gallery is searched once
+    before expanding and once after, and the ranking equals expanding the composed query by hand."""
+    eng = gallery_engine
+    calls = []
+    real = eng.index.search
+
+    def counting(q, k):
+        calls.append(int(k))
+        return real(q, k)
+
+    monkeypatch.setattr(eng.index, "search", counting)
+    resp = search(eng, image=3, text="a red one", method="sum", alpha=0.5, k=5, expand="aqe", nqe=16)
+    assert calls == [16, 5]
+    calls.clear()
+    plain = search(eng, image=3, text="a red one", method="sum", alpha=0.5, k=5)
+    assert calls == [5]
+    monkeypatch.undo()
+    # the same ranking as a hand-made two-stage search
+    q = eng.composers["sum"].compose(_query(eng, 3, "a red one")).vector.astype(np.float32)
+    s1, i1 = eng.index.search(q[None], 16)
+    ex = eng.expanders["aqe"].expand(q, eng.index.embeddings[i1[0]].astype(np.float32), s1[0])
+    _, ids = eng.index.search(ex.vector.astype(np.float32)[None], 5)
+    assert [r.id for r in resp.results] == [int(i) for i in ids[0]]
+    first = {int(i): r + 1 for r, i in enumerate(i1[0])}
+    assert [r.explain["rank_before_expansion"] for r in resp.results] == [first.get(r.id) for r in resp.results]
+    assert "rank_before_expansion" not in plain.results[0].explain
+
+
+def _query(eng, item_id, text):
+    from engine.compose import Query
+
+    _, emb, tokens, _ = eng.reference_features(item_id)
+    return Query(text=text, alpha=0.5, image_embedding=emb, image_tokens=tokens, has_image=True)

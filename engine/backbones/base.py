@@ -30,6 +30,7 @@ class Backbone(ABC):
       placeholder   the text token that a pseudo-word replaces (a single token, e.g. ``*``)
       device        torch device string
       logit_scale   temperature the backbone was trained with (for contrastive losses)
+      why           why this backbone is the live one (set by the factory; shown by ``info``)
     """
 
     name: str
@@ -40,6 +41,7 @@ class Backbone(ABC):
     placeholder: str = "*"
     device: str = "cpu"
     logit_scale: float = 100.0
+    why: str = ""
 
     # -- images -------------------------------------------------------------------------
     @abstractmethod
@@ -92,7 +94,7 @@ class Backbone(ABC):
             "vision_width": self.vision_width,
             "token_dim": self.token_dim,
             "device": self.device,
-            "why": getattr(self, "why", ""),
+            "why": self.why,
         }
 
     # -- helpers shared by implementations ---------------------------------------------

@@ -10,11 +10,10 @@ Names:
 from __future__ import annotations
 
 import logging
-import os
 import threading
-from typing import Dict, Tuple
+from typing import Dict, Optional, Tuple
 
-from ..config import resolve_device
+from ..config import Settings, resolve_device
 from ..errors import EngineError
 from ..registry import Registry
 from .base import Backbone
@@ -56,9 +55,9 @@ def _tiny(spec: str, device: str) -> Backbone:
 
 @BACKBONES.register("auto")
 def _auto(spec: str, device: str, timeout: float = 3.0) -> Backbone:
+    """``timeout``: seconds to wait for the hub (``Settings.auto_timeout_s``, passed by :func:`create_backbone`)."""
     from .openclip import DEFAULT_ARCH, DEFAULT_TAG, hub_reachable, pretrained_cached
 
-    timeout = float(os.environ.get("CIS_AUTO_TIMEOUT_S", timeout))
     try:
         cached = pretrained_cached(DEFAULT_ARCH, DEFAULT_TAG)
     except Exception:
@@ -71,16 +70,17 @@ def _auto(spec: str, device: str, timeout: float = 3.0) -> Backbone:
         except Exception as exc:  # a hub that answers but fails must not stop the demo
             log.warning("open_clip weights could not be loaded (%s); using the packaged backbone", exc)
             reason = f"open_clip weights failed to load ({exc.__class__.__name__})"
-    else:
-        os.environ.setdefault("HF_HUB_OFFLINE", "1")  # fail fast on later hub look-ups
+    else:  # the packaged backbone loads local files only: no later hub look-up to cut short
         reason = f"no cached open_clip weights and the model hub did not answer within {timeout:g} s"
     b = _packaged("", device)
     b.why = f"offline fallback: {reason}"
     return b
 
 
-def create_backbone(name: str = "auto", device: str = "auto", cache: bool = True) -> Backbone:
-    """``create_backbone('packaged:lite0')`` etc. Instances are shared per (name, device)."""
+def create_backbone(name: str = "auto", device: str = "auto", cache: bool = True,
+                    settings: Optional[Settings] = None) -> Backbone:
+    """``create_backbone('packaged:lite0')`` etc. Instances are shared per (name, device). ``settings``
+    (read from the environment when not given) supplies ``auto``'s hub timeout."""
     device = resolve_device(device)
     kind, _, spec = (name or "auto").partition(":")
     key = (name, device)
@@ -91,7 +91,10 @@ def create_backbone(name: str = "auto", device: str = "auto", cache: bool = True
             factory = BACKBONES.get(kind)
         except KeyError as exc:
             raise EngineError(str(exc)) from None
-        backbone = factory(spec, device)
+        if kind == "auto":
+            backbone = factory(spec, device, timeout=(settings or Settings()).auto_timeout_s)
+        else:
+            backbone = factory(spec, device)
         if cache:
             _cache[key] = backbone
         return backbone

@@ -20,6 +20,39 @@ CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 DEFAULT_ARCH, DEFAULT_TAG = "ViT-B-32", "laion2b_s34b_b79k"
 HUB_HOST = "huggingface.co"
 
+# The Context-I2W authors' placeholder for the OpenAI CLIP BPE: the vocabulary's last merge is dropped and
+# its id (49405, just below <start_of_text> 49406 and <end_of_text> 49407) becomes a special token, so the
+# pseudo-word slot is a token no caption ever produces. Other tokenizers keep ``*`` (documented in
+# docs/context_i2w.md).
+REPLACE_TOKEN, REPLACE_ID, OPENAI_BPE_VOCAB = "<|replace|>", 49405, 49408
+
+
+def with_replace_token(tokenizer):
+    """A copy of open_clip's OpenAI-BPE ``SimpleTokenizer`` in which ``<|replace|>`` is the single token
+    49405 (the id of the dropped last merge), or None when ``tokenizer`` is not that tokenizer."""
+    import copy
+
+    import regex
+    from open_clip.tokenizer import SimpleTokenizer
+
+    if type(tokenizer) is not SimpleTokenizer or len(tokenizer.encoder) != OPENAI_BPE_VOCAB:
+        return None
+    last_merge = max(tokenizer.bpe_ranks, key=tokenizer.bpe_ranks.get)
+    freed = "".join(last_merge)
+    if tokenizer.encoder.get(freed) != REPLACE_ID:
+        return None
+    tok = copy.copy(tokenizer)
+    tok.bpe_ranks = {m: r for m, r in tokenizer.bpe_ranks.items() if m != last_merge}
+    tok.encoder = {t: i for t, i in tokenizer.encoder.items() if t != freed}
+    tok.encoder[REPLACE_TOKEN] = REPLACE_ID
+    tok.decoder = {i: t for t, i in tok.encoder.items()}
+    specials = [tok.decoder[tokenizer.sot_token_id], tok.decoder[tokenizer.eot_token_id], REPLACE_TOKEN]
+    tok.cache = {t: t for t in specials}  # words that used the dropped merge are split afresh
+    tok.pat = regex.compile("|".join(regex.escape(t) for t in specials)
+                            + r"""|'s|'t|'re|'ve|'m|'ll|'d|[\p{L}]+|[\p{N}]|[^\s\p{L}\p{N}]+""", regex.IGNORECASE)
+    tok.all_special_ids = [tok.encoder[t] for t in specials]
+    return tok
+
 
 def _register_tiny_configs():
     import open_clip
@@ -84,6 +117,9 @@ class OpenClipBackbone(Backbone):
             raise EngineError(f"open_clip {arch}: only CLIP models with a ViT image tower are supported")
         self._preprocess = preprocess
         self.tokenizer = open_clip.get_tokenizer(arch)
+        replace_tok = with_replace_token(self.tokenizer)
+        if replace_tok is not None and model.token_embedding.weight.shape[0] == OPENAI_BPE_VOCAB:
+            self.tokenizer, self.placeholder = replace_tok, REPLACE_TOKEN
         self.device, self.precision = device, precision
         tag = pretrained if pretrained and not os.path.exists(str(pretrained)) else (
             Path(pretrained).name if pretrained else "random")

@@ -16,7 +16,9 @@ encoder's embedding of a prompt that holds the placeholder in place of the subje
 
 At inference the context is the text encoder's embedding of ``template`` (default
 ``"a photo of * , {text}"``) with the modification text, and the query vector is the text
-encoder's embedding of the same prompt with S* written over the placeholder. The gallery is
+encoder's embedding of the same prompt with S* written over the placeholder. Templates mark the slot
+with ``*``; the prompt carries the backbone's placeholder token there: ``<|replace|>`` (id 49405, as in
+the authors' code) with the OpenAI CLIP BPE, ``*`` with other tokenizers. The gallery is
 searched by text-to-image similarity.
 
 Note on scale: every path from ``c`` to S* goes through a LayerNorm (``LN_g`` on the class token, the
@@ -50,6 +52,7 @@ from ..checkpoints import read_safetensors_record, require_backbone, resolve
 CHECKPOINT_GLOB = "context_i2w*.safetensors"
 FORMAT_VERSION = 1
 META_KEY = "context_i2w"
+TEMPLATE_MARK = "*"  # where S* goes in a written template; the prompt holds the placeholder token there
 DEFAULT_TEMPLATE = "a photo of * , {text}"
 DEFAULT_TRAIN_PROMPT = "a photo of *"
 
@@ -71,7 +74,7 @@ class ContextI2WConfig:
     num_latents: int = 4
     ff_mult: float = 4  # feed-forward width = int(vision_width * ff_mult)
     placeholder: str = "*"
-    template: str = DEFAULT_TEMPLATE  # inference prompt; ``*`` = placeholder, ``{text}`` = modification
+    template: str = DEFAULT_TEMPLATE  # inference prompt; ``*`` = where S* goes, ``{text}`` = modification
     train_prompt: str = DEFAULT_TRAIN_PROMPT  # prompt whose embedding is matched to the image in training
 
     def __post_init__(self) -> None:
@@ -85,8 +88,8 @@ class ContextI2WConfig:
             raise ValueError("Context-I2W config: ff_mult is too small")
         if self.depth < 0 or self.n_layer < 0:
             raise ValueError("Context-I2W config: depth and n_layer must be >= 0")
-        check_template(self.template, self.placeholder, needs_text=True)
-        check_template(self.train_prompt, self.placeholder, needs_text=False)
+        check_template(self.template, needs_text=True)
+        check_template(self.train_prompt, needs_text=False)
 
     @classmethod
     def from_dict(cls, data: dict) -> "ContextI2WConfig":
@@ -100,11 +103,11 @@ class ContextI2WConfig:
                    context_dim=backbone.embed_dim, placeholder=backbone.placeholder, **overrides)
 
 
-def check_template(template: str, placeholder: str, needs_text: bool) -> None:
-    """A prompt template must hold the placeholder exactly once (and ``{text}`` once when needed)."""
+def check_template(template: str, needs_text: bool) -> None:
+    """A prompt template must hold the mark ``*`` exactly once (and ``{text}`` once when needed)."""
     rest = template.replace("{text}", "")
-    if rest.count(placeholder) != 1:
-        raise ValueError(f"prompt template {template!r} must contain the placeholder {placeholder!r} exactly once")
+    if rest.count(TEMPLATE_MARK) != 1:
+        raise ValueError(f"prompt template {template!r} must contain the placeholder {TEMPLATE_MARK!r} exactly once")
     if needs_text and template.count("{text}") != 1:
         raise ValueError(f"prompt template {template!r} must contain '{{text}}' exactly once")
 
@@ -249,13 +252,15 @@ def sanitise_text(text: str, placeholder: str) -> Tuple[str, List[str]]:
     text = " ".join((text or "").split())
     if placeholder in text:
         return " ".join(text.replace(placeholder, " ").split()), [
-            f"the character {placeholder!r} is reserved for the image's pseudo-word and was removed from the text"]
+            f"{placeholder!r} is reserved for the image's pseudo-word and was removed from the text"]
     return text, []
 
 
 def build_prompt(config: ContextI2WConfig, text: Optional[str]) -> str:
     """The exact prompt of a query: the template with the text, or the training prompt without text."""
-    return config.template.replace("{text}", text) if text else config.train_prompt
+    if not text:
+        return config.train_prompt.replace(TEMPLATE_MARK, config.placeholder)
+    return config.template.replace(TEMPLATE_MARK, config.placeholder).replace("{text}", text)
 
 
 # -- checkpoints --------------------------------------------------------------------------------------

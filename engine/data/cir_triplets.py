@@ -30,6 +30,7 @@ from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 import torch
 
 from ..errors import InputError
+from .formats import iter_jsonl
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp")
 
@@ -186,31 +187,24 @@ def load_jsonl(
     root = Path(image_root) if image_root is not None else path.parent
     report = report if report is not None else LoadReport()
     out: List[Triplet] = []
-    with path.open(encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, 1):
-            if not line.strip():
+    for lineno, rec in iter_jsonl(path):
+        text = rec.get("text", rec.get("caption", rec.get("modification")))
+        targets = rec.get("targets", [rec["target"]] if "target" in rec else None)
+        if not rec.get("reference") or text is None or not targets:
+            raise InputError(f"{path.name} line {lineno}: needs reference, text and target(s)")
+        ref = root / rec["reference"]
+        tgts = [root / t for t in targets]
+        missing = [p for p in [ref, *tgts] if not p.is_file()]
+        for p in missing:
+            report.note_missing(p.name)
+        if missing and skip_missing:
+            tgts = [t for t in tgts if t.is_file()]
+            if not ref.is_file() or not tgts:
                 continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError:
-                raise InputError(f"{path.name} line {lineno}: not valid JSON") from None
-            text = rec.get("text", rec.get("caption", rec.get("modification")))
-            targets = rec.get("targets", [rec["target"]] if "target" in rec else None)
-            if not rec.get("reference") or text is None or not targets:
-                raise InputError(f"{path.name} line {lineno}: needs reference, text and target(s)")
-            ref = root / rec["reference"]
-            tgts = [root / t for t in targets]
-            missing = [p for p in [ref, *tgts] if not p.is_file()]
-            for p in missing:
-                report.note_missing(p.name)
-            if missing and skip_missing:
-                tgts = [t for t in tgts if t.is_file()]
-                if not ref.is_file() or not tgts:
-                    continue
-            meta = {k: v for k, v in rec.items() if k not in ("reference", "text", "caption", "target", "targets")}
-            out.append(
-                Triplet(str(rec.get("id", rec.get("query_id", lineno))), str(ref), str(text), [str(t) for t in tgts], meta)
-            )
+        meta = {k: v for k, v in rec.items() if k not in ("reference", "text", "caption", "target", "targets")}
+        out.append(
+            Triplet(str(rec.get("id", rec.get("query_id", lineno))), str(ref), str(text), [str(t) for t in tgts], meta)
+        )
     report.loaded += len(out)
     return out
 

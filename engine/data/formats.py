@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Iterable, Optional
+from typing import Iterable, Iterator, Optional, Tuple
 
 from ..config import cache_dir
 from ..errors import InputError
@@ -74,12 +74,10 @@ def write_jsonl(path: Path, records: Iterable[dict]) -> int:
     return len(lines)
 
 
-def read_jsonl(path: Path) -> list[dict]:
-    """Read JSON lines; a malformed line raises InputError naming the file and line."""
+def iter_jsonl(path: Path) -> Iterator[Tuple[int, dict]]:
+    """(line number, record) per non-blank line of a JSON-lines file: the one JSONL reader of the engine.
+    A malformed line raises InputError naming the file and the line."""
     path = Path(path)
-    if not path.is_file():
-        raise InputError(f"annotation file not found: {path.name}")
-    out: list[dict] = []
     with open(path, encoding="utf-8") as f:
         for lineno, line in enumerate(f, 1):
             line = line.strip()
@@ -91,8 +89,15 @@ def read_jsonl(path: Path) -> list[dict]:
                 raise InputError(f"{path.name}, line {lineno}: not valid JSON ({exc.msg})") from None
             if not isinstance(rec, dict):
                 raise InputError(f"{path.name}, line {lineno}: expected a JSON object")
-            out.append(rec)
-    return out
+            yield lineno, rec
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    """Read JSON lines; a malformed line raises InputError naming the file and line."""
+    path = Path(path)
+    if not path.is_file():
+        raise InputError(f"annotation file not found: {path.name}")
+    return [rec for _, rec in iter_jsonl(path)]
 
 
 def split_file(name: str, split: str, part: Optional[str] = None) -> Path:

@@ -22,4 +22,4 @@ def main(argv=None) -> int:
     from .official import main as official_main
 
     s = Settings()
-    return official_main(argv, backbone=lambda: create_backbone(s.backbone, s.device))
+    return official_main(argv, backbone=lambda: create_backbone(s.backbone, s.device, settings=s))

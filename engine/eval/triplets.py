@@ -27,6 +27,7 @@ from typing import Dict, List, Optional, Sequence
 import numpy as np
 import torch
 
+from ..data.formats import iter_jsonl
 from ..errors import EngineError, InputError
 from .metrics import average_precisions, first_hit_ranks, recall_from_ranks
 
@@ -63,15 +64,7 @@ def read_queries(path, index) -> List[Triplet]:
     by_path = {str(it["path"]).replace("\\", "/"): int(it["id"]) for it in index.items}
     root = Path(index.meta["source"]) if index.meta.get("source") else None
     out: List[Triplet] = []
-    for n, raw in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        if not raw.strip():
-            continue
-        try:
-            obj = json.loads(raw)
-        except json.JSONDecodeError:
-            raise InputError(f"{path.name} line {n} is not valid JSON") from None
-        if not isinstance(obj, dict):
-            raise InputError(f"{path.name} line {n} must be a JSON object")
+    for n, obj in iter_jsonl(path):
         text = obj.get("text")
         if text is not None and not isinstance(text, str):
             raise InputError(f"{path.name} line {n}: text must be a string")

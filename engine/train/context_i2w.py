@@ -41,8 +41,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..compose.context_i2w import (ContextI2WComposer, ContextI2WConfig, ContextI2WMapper, checkpoint_name,
-                                   count_parameters, load_authors_checkpoint, save_checkpoint)
+from ..compose.context_i2w import (ContextI2WComposer, ContextI2WConfig, ContextI2WMapper, build_prompt,
+                                   checkpoint_name, count_parameters, load_authors_checkpoint, save_checkpoint)
 from ..errors import CheckpointError, InputError
 from ..fileio import atomic_write_bytes
 
@@ -304,7 +304,7 @@ def pseudo_prompt_embeddings(backbone, mapper: ContextI2WMapper, tokens: torch.T
                              prompt: Optional[str] = None) -> torch.Tensor:
     """L2-normalised text embeddings of ``prompt`` (default: the training prompt) with each row's S*."""
     s = mapper(context, tokens)
-    prompt = prompt or mapper.config.train_prompt
+    prompt = prompt or build_prompt(mapper.config, None)
     return backbone.encode_texts_with_pseudo([prompt] * s.shape[0], s.float())
 
 

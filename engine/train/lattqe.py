@@ -36,15 +36,11 @@ from ..expand.base import l2n
 from ..expand.baselines import DEFAULT_ALPHA, expand_batch
 from ..expand.dba import dba_vectors, knn
 from ..expand.lattqe import LAttQEConfig, LAttQEModel, expand_numpy, save_lattqe
+from ..labels import expand_label
 
 NQE_LIST = (1, 2, 4, 8, 16, 32, 64, 128)
 QE_METHODS = ("aqe", "aqewd", "alpha-qe", "lattqe")
 DBA_NAMES = {"aqe": "adba", "alpha-qe": "alpha-dba", "lattqe": "lattdba"}
-LABELS = {
-    "none": "no QE", "aqe": "AQE", "aqewd": "AQEwD", "alpha-qe": "alpha-QE", "lattqe": "LAttQE",
-    "adba": "ADBA", "alpha-dba": "alpha-DBA", "lattdba": "LAttDBA",
-    "adba+aqe": "ADBA + AQE", "alpha-dba+alpha-qe": "alpha-DBA + alpha-QE", "lattdba+lattqe": "LAttDBA + LAttQE",
-}
 
 
 # ============================================================================ data helpers
@@ -228,12 +224,12 @@ def plot_curves(result: Dict, path, title: str = "mAP vs nQE (held-out classes)"
     path.parent.mkdir(parents=True, exist_ok=True)
     fig, ax = plt.subplots(figsize=(7.5, 4.8))
     xs = result["nqe"]
-    ax.axhline(result["none"], color="k", ls=":", label=LABELS["none"])
+    ax.axhline(result["none"], color="k", ls=":", label=expand_label("none"))
     for m, curve in result["curves"].items():
         ks = sorted(int(k) for k in curve)
         style = "--" if "dba" in m else "-"
         ax.plot(ks, [curve[k] if k in curve else curve[str(k)] for k in ks], style, marker="o", ms=3,
-                label=LABELS.get(m, m))
+                label=expand_label(m))
     ax.set_xscale("log", base=2)
     ax.set_xticks(xs)
     ax.set_xticklabels([str(k) for k in xs])
@@ -280,7 +276,7 @@ def plot_history(history: List[Dict], path) -> Path:
     a.legend(fontsize=8)
     b.plot(ep, [h["val_map"] for h in history], marker="o", ms=3, label="LAttQE")
     if history and "val_map_none" in history[0]:
-        b.axhline(history[0]["val_map_none"], color="k", ls=":", label="no QE")
+        b.axhline(history[0]["val_map_none"], color="k", ls=":", label=expand_label("none"))
     if history and "val_map_aqe" in history[0]:
         b.axhline(history[0]["val_map_aqe"], color="gray", ls="--", label="AQE")
     b.set_xlabel("epoch")
@@ -690,10 +686,10 @@ def format_table(res: Dict, at: Sequence[int] = (8, 64)) -> str:
     """Markdown table: mAP of each method at a few nQE values."""
     ks = [k for k in at if k in res["nqe"] or str(k) in map(str, res["nqe"])]
     lines = ["| method | " + " | ".join(f"nQE={k}" for k in ks) + " |", "|---" * (len(ks) + 1) + "|"]
-    lines.append(f"| {LABELS['none']} | " + " | ".join(f"{res['none']:.4f}" for _ in ks) + " |")
+    lines.append("| " + expand_label("none") + " | " + " | ".join(f"{res['none']:.4f}" for _ in ks) + " |")
     for m, c in res["curves"].items():
         vals = [c.get(k, c.get(str(k))) for k in ks]
-        lines.append(f"| {LABELS.get(m, m)} | " + " | ".join(f"{v:.4f}" for v in vals) + " |")
+        lines.append(f"| {expand_label(m)} | " + " | ".join(f"{v:.4f}" for v in vals) + " |")
     return "\n".join(lines)
 
 

@@ -40,6 +40,23 @@ def choose(page, elem_id: str, label: str) -> None:
         arg=[elem_id, label])
 
 
+def open_tab(page, tab_id: str, ready: str) -> None:
+    """Select a tab and wait until ``ready`` (a selector inside it) is in the page. A click that lands
+    before the page's scripts are wired is lost without a trace, so the click is repeated until the tab
+    says it is selected (``aria-selected``): the wait is on that state, not on a longer timeout."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    tab = page.locator(f"button[role=tab][data-tab-id={tab_id}]")
+    for _ in range(30):
+        tab.click()
+        try:
+            page.wait_for_selector(f"button[role=tab][data-tab-id={tab_id}][aria-selected=true]", timeout=2_000)
+            break
+        except PlaywrightTimeout:
+            continue
+    page.wait_for_selector(ready, state="attached")
+
+
 def open_accordion(page, title: str) -> None:
     page.locator("button.label-wrap:visible", has_text=title).first.click()
 

@@ -96,7 +96,6 @@ def _upload_zip(page, path, tries: int = 3):
     so it is repeated a few times before the test fails."""
     from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
-    page.wait_for_selector("#own-upload input[type=file]", state="attached")
     check = f"() => document.querySelector('#own-upload').innerText.includes('{path.name}')"
     for _ in range(tries):
         ui.upload(page, "own-upload", path)
@@ -111,7 +110,7 @@ def _upload_zip(page, path, tries: int = 3):
 def test_hostile_zip_names_in_messages_stay_text(hostile_app, open_page, shot, tmp_path):
     url, photos = hostile_app
     page = open_page(url, "desktop")
-    page.click("button[role=tab][data-tab-id=own]")
+    ui.open_tab(page, "own", "#own-upload input[type=file]")
     # a broken image with a markup name: listed as skipped in the status message
     archive = tmp_path / "names.zip"
     with zipfile.ZipFile(archive, "w") as z:
@@ -128,7 +127,7 @@ def test_hostile_zip_names_in_messages_stay_text(hostile_app, open_page, shot, t
     with zipfile.ZipFile(evil, "w") as z:
         z.writestr("/" + PAYLOADS[1] + ".jpg", b"x")
     page = open_page(url, "desktop")  # a fresh page: the first archive's file box is not reused
-    page.click("button[role=tab][data-tab-id=own]")
+    ui.open_tab(page, "own", "#own-upload input[type=file]")
     _upload_zip(page, evil)
     page.click("#own-index")
     page.wait_for_selector("[data-testid=toast-body]")

@@ -5,22 +5,9 @@ from collections import Counter
 from pathlib import Path
 
 from .. import twemoji
-from ..formats import (
-    IMAGES_DIRNAME,
-    write_jsonl,
-)
-from .common import (
-    SPLITS,
-    Inputs,
-    _emoji_groups,
-    _emoji_rel,
-    _link_or_copy,
-    _photo_sources,
-    _progress,
-    _twemoji_sources,
-    assign_split,
-    emoji_group_splits,
-)
+from ..formats import IMAGES_DIRNAME, write_jsonl
+from .common import (SPLITS, Inputs, _emoji_groups, _emoji_rel, _link_or_copy, _photo_sources, _progress,
+                     _twemoji_sources, assign_split, emoji_group_splits)
 
 
 def build_captions(out: Path, inp: Inputs, seed: int) -> dict:

@@ -8,26 +8,10 @@ from pathlib import Path
 from PIL import Image
 
 from .. import recolour, twemoji
-from ..formats import (
-    IMAGES_DIRNAME,
-    write_jsonl,
-)
-from .common import (
-    CATEGORY_QUERIES_PER_IMAGE,
-    MIN_CATEGORY_IMAGES,
-    RECOLOUR_TARGETS_PER_IMAGE,
-    SPLITS,
-    Inputs,
-    _emoji_groups,
-    _emoji_rel,
-    _link_or_copy,
-    _photo_sources,
-    _progress,
-    _twemoji_sources,
-    assign_split,
-    category_text,
-    emoji_group_splits,
-)
+from ..formats import IMAGES_DIRNAME, write_jsonl
+from .common import (CATEGORY_QUERIES_PER_IMAGE, MIN_CATEGORY_IMAGES, RECOLOUR_TARGETS_PER_IMAGE, SPLITS, Inputs,
+                     _emoji_groups, _emoji_rel, _link_or_copy, _photo_sources, _progress, _twemoji_sources,
+                     assign_split, category_text, emoji_group_splits)
 
 
 def build_cir(out: Path, inp: Inputs, seed: int) -> dict:

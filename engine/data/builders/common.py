@@ -309,9 +309,7 @@ def photo_key(source: str, ref: str) -> str:
 
 def _source_records():
     """Photo records of every available source (lazy import of ``engine.data.sources``)."""
-    from . import (
-        sources as S,  # written by another module owner; imported only when photos are needed
-    )
+    from .. import sources as S  # imported only when photos are needed
 
     out, missing = [], []
     readers = [

