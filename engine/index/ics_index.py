@@ -17,6 +17,7 @@ on one core) up to ``FLAT_MAX`` items, ``IndexBinaryHNSW`` above (option ``binar
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 from typing import Optional
 
@@ -65,6 +66,7 @@ class CompactBinaryIndex(VectorIndex):
         self.binary_index = binary_index
         self.codes = np.zeros((0, self.bits // 8), np.uint8)
         self.vectors16 = np.zeros((0, dim), np.float16)
+        self._vectors16_t = None  # torch view of vectors16 (no copy) for the re-rank gather
         self.index = None
         self.structure = ""
 
@@ -125,11 +127,28 @@ class CompactBinaryIndex(VectorIndex):
         cand = self.candidates(queries, max(k, self.rerank))
         for qi, row in enumerate(cand):
             row = row[row >= 0]
-            s = self.vectors16[row].astype(np.float32) @ queries[qi]
+            s = np.einsum("ij,j->i", self.gather_f32(row), queries[qi])  # see gather_f32
             top = np.argsort(-s, kind="stable")[:k]
             scores[qi, :len(top)] = s[top]
             out[qi, :len(top)] = row[top]
         return scores, out
+
+    def gather_f32(self, rows: np.ndarray) -> np.ndarray:
+        """``vectors16[rows]`` as float32: the same values as ``vectors16[rows].astype(np.float32)`` (float16 ->
+        float32 is exact), gathered and converted by torch, whose vectorised half -> float conversion takes
+        0.5 ms on 1000 x 512 candidates against 1.6 ms for numpy's. The inner products that follow use einsum
+        on the calling thread: a BLAS matrix-vector product spreads over threads and cost 2-13 ms on a loaded
+        machine; einsum's sums differ from BLAS's only in rounding (<= 1e-6)."""
+        import torch
+
+        t = self._vectors16_t
+        if t is None or t.data_ptr() != self.vectors16.ctypes.data or len(t) != len(self.vectors16):
+            if not len(self.vectors16):
+                return self.vectors16[rows].astype(np.float32)
+            with warnings.catch_warnings():  # a read-only (e.g. memory-mapped) array: only read here
+                warnings.simplefilter("ignore", UserWarning)
+                t = self._vectors16_t = torch.from_numpy(self.vectors16)
+        return t.index_select(0, torch.from_numpy(np.ascontiguousarray(rows, np.int64))).float().numpy()
 
     # -- persistence ------------------------------------------------------------------------
     def save(self, folder: Path) -> None:
