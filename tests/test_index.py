@@ -168,6 +168,7 @@ def test_ivfpq_recall_and_saved_index_loads_verified(tmp_path):
     assert (version / "vectors.faiss").is_file() and "vectors.faiss" in (version / "checksums.json").read_text()
     loaded = GalleryIndex.load(tmp_path / "idx")
     assert loaded.meta["index_type"] == "ivfpq" and loaded.vectors.kind == "ivfpq"
+    assert loaded.vectors.vectors16 is loaded.embeddings  # re-ranks from the stored float16 matrix, no copy
     np.testing.assert_array_equal(loaded.search(q, 10)[1], gi.search(q, 10)[1])
     on_disk = GalleryIndex.load(tmp_path / "idx", vector_options={"on_disk": True})
     np.testing.assert_array_equal(on_disk.search(q, 10)[1], gi.search(q, 10)[1])

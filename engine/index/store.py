@@ -204,7 +204,8 @@ class GalleryIndex:
 
     def attach_vectors(self, kind: str = "auto", _version: Optional[Path] = None, **options) -> VectorIndex:
         vi = create_vector_index(kind, self.dim, len(self), **options)
-        vecs = self.vectors_f32()
+        # an index that reads float16 itself (IVF-PQ) gets the stored matrix: no float32 copy of the gallery
+        vecs = self.embeddings if getattr(vi, "takes_float16", False) else self.vectors_f32()
         if len(vecs) == 0:
             raise IndexLoadError(f"the index at {self.folder} is empty; add images and rebuild it")
         if _version is not None:

@@ -270,6 +270,7 @@ class IVFPQIndex(_FaissIndex):
 
     kind = "ivfpq"
     save_file = True
+    takes_float16 = True  # build/load accept the gallery's float16 matrix and re-rank from it without a copy
 
     def __init__(self, dim: int, n: int = 0, **options):
         super().__init__(dim, **options)
