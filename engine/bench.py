@@ -215,6 +215,10 @@ def section_ann(args, ctx):
         del exact
         for kind in args.index_types:
             variants = [{}]
+            if kind == "ivfpq" and n > args.ivfpq_max:
+                rows.append(f"| {n:,} | ivfpq | | skipped: building it (k-means of 4 sqrt(N) cells, then assigning "
+                            f"every vector) took over 5 min on this machine (raise --ivfpq-max to measure) | | | | |")
+                continue
             if kind == "hnsw":
                 if n > args.hnsw_max:
                     rows.append(f"| {n:,} | hnsw | | skipped: building it takes too long on this machine "
@@ -376,6 +380,8 @@ def main(argv=None) -> int:
     p.add_argument("--index-types", default="flat,ivf,hnsw,ivfpq")
     p.add_argument("--hnsw-max", type=int, default=200_000, help="largest synthetic gallery to build HNSW for "
                    "(1M takes over 15 min on 2 loaded cores)")
+    p.add_argument("--ivfpq-max", type=int, default=200_000, help="largest synthetic gallery to build IVF-PQ for "
+                   "(1M: 4096 cells, over 5 min on 2 loaded cores)")
     p.add_argument("--hnsw-efc", default="40,80", help="HNSW efConstruction values compared at the smallest size")
     p.add_argument("--hnsw-ef-search", default="16,32,64,128", help="HNSW efSearch values measured")
     p.add_argument("--ics-million-only", action="store_true", help="ics section: only the 1M speed table (a few "

@@ -510,3 +510,20 @@ def test_bench_tables_on_small_data():
     lim = mil["limits"]
     assert lim["limit_ms"] == lim["scan_ms"] + lim["rerank_ms"] and all(lim[k] > 0 for k in ("scan_ms", "head_ms"))
     assert "**design limit** (scan + re-rank)" in md and "target <= 3.0 ms" in md
+
+
+def test_ics_bench_million_only_keeps_the_previous_tables(tmp_path):
+    from types import SimpleNamespace
+
+    from engine.index.ics_bench import bench_section
+
+    old = ("# Benchmarks\n\nWritten by `python -m engine bench` on 2026-11-29.\n\n## ics\n\nmAP@1000 on X\n\n"
+           "| bits | ICS |\n|---|---|\n| 64 | 0.7 |\n\n1,000,000 synthetic 512-d vectors, one thread, single queries: "
+           "exact float scan 1 ms\n\n| index | bytes/image (codes) |\n|---|---|\n| ics-64 | 8 |\n\n"
+           "![mAP vs bits](ics_map.png)\n\n## integrity\n\nother\n")
+    (tmp_path / "B.md").write_text(old)
+    args = SimpleNamespace(sizes=[2000], dim=64, ics_million_only=True, out=str(tmp_path / "B.md"))
+    md, fig = bench_section(args, {})
+    assert set(fig) == {"million"} and fig["million"]["items"] == 2000
+    assert md.count("| 64 | 0.7 |") == 1 and "2026-11-29" in md and "--ics-million-only" in md
+    assert "1,000,000 synthetic" not in md and "2,000 synthetic 64-d" in md and "**design limit**" in md

@@ -279,7 +279,7 @@ def test_ann_bench_section_reports_in_and_out_of_distribution_rows():
 
     x, q_in, q_ood = ann_queries(2000, 32, 20)
     assert (q_in @ x.T).max(1).mean() > (q_ood @ x.T).max(1).mean() + 0.2  # held-out queries sit in the data
-    args = SimpleNamespace(dim=32, sizes=[2000], ann_queries=20, index_types=["flat", "hnsw", "ivfpq"],
+    args = SimpleNamespace(dim=32, sizes=[2000], ann_queries=20, index_types=["flat", "hnsw", "ivfpq"], ivfpq_max=10_000,
                            hnsw_max=10_000, hnsw_efc=[40], hnsw_ef_search=[16, 128])
     md, data = section_ann(args, {})
     assert data["flat@2000/in"]["recall@10"] == 1.0

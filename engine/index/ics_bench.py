@@ -214,18 +214,19 @@ def bench_ics(bits_list: Sequence[int] = (16, 32, 64, 128), epochs: int = 8, rer
 
 def to_markdown(fig: Dict) -> str:
     parts = []
-    for t in fig["maps"]:
+    for t in fig.get("maps", []):
         rows = [f"mAP@{t['top']} on {t['set']} (float ranking: {t['float']:.3f})\n",
                 "| bits | ICS | ICS, mu = 0 (paper objective) | LSH | ITQ | float |", "|---|---|---|---|---|---|"]
         for bits, r in t["bits"].items():
             rows.append(f"| {bits} | {r['ics']:.3f} | {r[PAPER]:.3f} | {r['lsh']:.3f} | "
                         f"{r.get('itq', float('nan')):.3f} | {t['float']:.3f} |")
         parts.append("\n".join(rows))
-    r = fig["recall"]
-    rows = [f"recall@10 of Hamming top-{r['rerank']} + float re-rank vs exact float search, "
+    r = fig.get("recall", {"rows": {}, "rerank": 0, "items": 0})
+    rows = [] if not r["rows"] else [f"recall@10 of Hamming top-{r['rerank']} + float re-rank vs exact float search, "
             f"{r['items']} Fashion-MNIST vectors\n", "| codes | bytes/image | recall@10 |", "|---|---|---|"]
     rows += [f"| {k} | {v['bytes']:.0f} | {v['recall@10']:.3f} |" for k, v in r["rows"].items()]
-    parts.append("\n".join(rows))
+    if rows:
+        parts.append("\n".join(rows))
     if "million" in fig:
         m = fig["million"]
         rows = [f"{m['items']:,} synthetic {m['dim']}-d vectors, one thread, single queries: exact float scan "
