@@ -18,7 +18,7 @@ from typing import Callable, Dict, List
 import numpy as np
 
 from .config import ROOT, Settings
-from .plugins import load_plugin
+from .plugins import load_plugin, merge_sections
 
 # name -> "module:function"; each function takes (args, ctx) and returns (markdown, json-able dict)
 EXTRA_SECTIONS: Dict[str, str] = {
@@ -26,6 +26,7 @@ EXTRA_SECTIONS: Dict[str, str] = {
     "ics": "engine.index.ics_bench:bench_section",
     "context-i2w": "engine.train.context_i2w:bench_section",
     "integrity": "engine.index.store:bench_section",
+    "prepare-cost": "engine.prepare:bench_section",
 }
 
 
@@ -319,7 +320,7 @@ def main(argv=None) -> int:
     if args.out:
         out = Path(args.out)
         if out.exists() and args.only:
-            text = _merge(out.read_text(), parts[1:])
+            text = merge_sections(out.read_text(), parts[1:])
         from .fileio import atomic_write_text
 
         atomic_write_text(out, text)
@@ -328,13 +329,3 @@ def main(argv=None) -> int:
         Path(args.json).write_text(json.dumps(raw, indent=2, default=float))
     return 0
 
-
-def _merge(old: str, new_parts: List[str]) -> str:
-    """Replace the '## name' sections of ``old`` that were re-measured, keep the others."""
-    import re
-
-    chunks = re.split(r"(?m)^## ", old)
-    head, sections = chunks[0], {c.split("\n", 1)[0].strip(): "## " + c for c in chunks[1:]}
-    for part in new_parts:
-        sections[part.split("\n", 1)[0][3:].strip()] = part + "\n\n"
-    return head + "".join(s if s.endswith("\n\n") else s + "\n\n" for s in sections.values())

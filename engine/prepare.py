@@ -11,7 +11,9 @@ LAttQE 20 %, ICS 15 %, re-shared when fewer parts run). Each trainer first runs 
 small slice) whose wall time gives a measured cost per training unit (pair-epoch, triplet-epoch, query, item
 epoch); the run then gets as many units as fit its share after the probe, with at least one epoch. On a short
 budget without CUDA the Context-I2W mapper is the small configuration. The plan and the measured costs are
-written into the checkpoint's ``.json`` sidecar under ``"prepare"``.
+written into the checkpoint's ``.json`` sidecar under ``"prepare"``. The plan is an estimate (the load of a
+shared machine changes); the limit is enforced by :mod:`engine.train.budget`: a part's trainer ends at the
+last epoch that fits its share of the deadline.
 
 Resumable: a finished part is found and skipped on the next run; the plan of an unfinished run is kept in
 ``<cache>/prepare/<slug>/<part>/plan.json`` and reused (no second probe), and Context-I2W / RTIC continue
@@ -311,7 +313,8 @@ def _prepare_part(part, bb, spec, device, out, search, force, sources, small, qu
         rec = _annotate(target, {"source": "converted", "from": os.path.basename(str(ci2w_ckpt)),
                                  "sha256": sha256.lower()})
         return Row(part, "converted", str(target), _held_out(part, rec))
-    remaining = max(deadline - time.perf_counter(), 1.0)
+    t_part = time.perf_counter()
+    remaining = max(deadline - t_part, 1.0)
     weights = [SHARE[p] for p in [part, *todo]]
     seconds = remaining * SHARE[part] / sum(weights)
     run_dir = prepared_dir(create=True).parent / "prepare" / slug(bb.fingerprint) / part
@@ -336,8 +339,11 @@ def _prepare_part(part, bb, spec, device, out, search, force, sources, small, qu
         atomic_write_text(plan_file, json.dumps(plan))
     status.fraction[part] = 0.2
     status.started[part], status.planned_s[part] = time.perf_counter(), max(seconds - plan["probe_s"], 1.0)
-    run_s = _run_trainer(module, _argv(part, spec, device, out, run_dir / "run", tuple(plan["units"]), False,
-                                       plan["small_mapper"], sources, quiet), quiet)
+    from .train.budget import train_deadline
+
+    with train_deadline(min(deadline, t_part + seconds)):  # the plan is an estimate; this is the limit
+        run_s = _run_trainer(module, _argv(part, spec, device, out, run_dir / "run", tuple(plan["units"]), False,
+                                           plan["small_mapper"], sources, quiet), quiet)
     target = target_path(part, bb, out)
     if not target.is_file():
         raise EngineError(f"the {part} trainer finished without writing {target.name}")
@@ -380,3 +386,66 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 if __name__ == "__main__":  # pragma: no cover
     raise SystemExit(main())
+
+
+# -- cost of prepare per backbone (``python -m engine bench --only prepare-cost``) -----------------------------
+
+
+def measure_costs(arch: str, batch: int = 8, steps: int = 2) -> dict:
+    """CPU cost of the two things ``prepare`` spends its time on, for one open_clip architecture (random
+    weights: the cost does not depend on them): extracting an image's embedding + visual tokens (ms per
+    image, batch ``batch``), and one Context-I2W training step of the paper-size mapper (batch 32; the
+    frozen text tower's forward and backward through the pseudo-word dominate)."""
+    import torch
+
+    from .backbones.openclip import OpenClipBackbone
+    from .compose.context_i2w import ContextI2WConfig, ContextI2WMapper
+    from .train.context_i2w import contrastive_loss, pseudo_prompt_embeddings
+
+    t0 = time.perf_counter()
+    bb = OpenClipBackbone(arch, pretrained=None, device="cpu")
+    load_s = time.perf_counter() - t0
+    size = bb.model.visual.image_size
+    size = int(size[0] if isinstance(size, (tuple, list)) else size)
+    pixels = torch.randn(batch, 3, size, size)
+    bb.encode_images_with_tokens(pixels[:1])
+    t0 = time.perf_counter()
+    emb, tok = bb.encode_images_with_tokens(pixels)
+    extract_ms = (time.perf_counter() - t0) / batch * 1000
+    torch.manual_seed(0)
+    mapper = ContextI2WMapper(ContextI2WConfig.for_backbone(bb)).train()
+    opt = torch.optim.AdamW(mapper.parameters(), lr=1e-4)
+    reps = (32 + batch - 1) // batch
+    emb, tok = emb.repeat(reps, 1)[:32], tok.repeat(reps, 1, 1)[:32]
+    ctx = bb.encode_texts(["a photo of a dog"] * 32).embeddings
+    times = []
+    for _ in range(steps + 1):
+        t0 = time.perf_counter()
+        loss = contrastive_loss(emb, pseudo_prompt_embeddings(bb, mapper, tok, ctx).float(), bb.logit_scale)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        times.append(time.perf_counter() - t0)
+    return {"arch": arch, "load_s": round(load_s, 1), "extract_ms_per_image": round(extract_ms, 1),
+            "step_s_batch32": round(min(times[1:]), 3), "threads": torch.get_num_threads()}
+
+
+def bench_section(args=None, ctx=None) -> tuple:
+    """Measured CPU costs per backbone and the time ``prepare`` would need for the offline caption set."""
+    from .train.context_i2w import load_pairs
+
+    n_pairs = len(load_pairs("captions", "train"))
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    rows = [measure_costs(a) for a in ("tiny-vit-a", "ViT-B-32", "ViT-L-14")]
+    md = [f"Load average at the start: {load:.1f}. CPU costs of `prepare`'s two main steps with random weights (the cost does not depend on them), "
+          f"{rows[0]['threads']} threads, one run; estimate for Context-I2W on the offline caption set "
+          f"({n_pairs:,} training pairs): extract every image once, then 10 epochs of the paper-size mapper "
+          f"at batch 32. RTIC, LAttQE and ICS train on cached embeddings and add minutes, not hours. No GPU "
+          f"was available, so GPU times are not given.", "",
+          "| backbone | extract ms / image | mapper step s (batch 32) | estimate: extract + 10 epochs (min) |",
+          "|---|---|---|---|"]
+    for r in rows:
+        est = (n_pairs * r["extract_ms_per_image"] / 1000 + 10 * (n_pairs // 32) * r["step_s_batch32"]) / 60
+        r["estimate_min_10_epochs"] = round(est, 1)
+        md.append(f"| {r['arch']} | {r['extract_ms_per_image']:.1f} | {r['step_s_batch32']:.2f} | {est:.0f} |")
+    return "\n".join(md), {"pairs": n_pairs, "rows": rows}

@@ -1,8 +1,8 @@
-"""Section plugins fail loudly; `bench --only X` rewrites X's own date / machine line."""
+"""Section plugins fail loudly; `bench --only X` and `eval offline --only X` rewrite X (with its own date
+line) and keep the other sections."""
 import pytest
 
-from engine.bench import _merge
-from engine.plugins import load_plugin
+from engine.plugins import load_plugin, merge_sections
 
 
 def test_broken_section_module_fails_loudly(tmp_path, monkeypatch):
@@ -18,9 +18,37 @@ def test_broken_section_module_fails_loudly(tmp_path, monkeypatch):
 def test_only_rewrites_its_own_section_header():
     old = ("# Benchmarks\n\nhead\n\n## query\n\n_Measured 2020-01-01 on old box._\n\nq old\n\n"
            "## ann\n\n_Measured 2020-01-01 on old box._\n\na old\n\n")
-    new = _merge(old, ["## ann\n\n_Measured 2026-12-01 on new box._\n\na new"])
+    new = merge_sections(old, ["## ann\n\n_Measured 2026-12-01 on new box._\n\na new"])
     assert "_Measured 2026-12-01 on new box._\n\na new" in new and "a old" not in new
     assert "## query\n\n_Measured 2020-01-01 on old box._\n\nq old" in new
+
+
+def test_merge_keeps_head_and_order_and_appends_new_sections():
+    old = "# Results\n\nhead text\n\n## a\n\na old\n\n## b\n\nb old\n"
+    new = merge_sections(old, ["## a\n\na new", "## c\n\nc new"])
+    assert new == "# Results\n\nhead text\n\n## a\n\na new\n\n## b\n\nb old\n\n## c\n\nc new\n"
+
+
+def test_eval_offline_only_keeps_the_other_sections(tmp_path, monkeypatch):
+    """`eval offline --only X` re-measures X and leaves the composed-retrieval tables (and the head) alone."""
+    import engine.backbones
+    from engine.eval import offline
+
+    (tmp_path / "fake_results_section.py").write_text(
+        "def section(args, ctx):\n    return 'fresh table', {'x': 1}\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setitem(offline.EXTRA_SECTIONS, "fake", "fake_results_section:section")
+    monkeypatch.setattr(engine.backbones, "create_backbone", lambda spec, device: object())
+    out = tmp_path / "RESULTS.md"
+    out.write_text("# Results\n\nold head\n\n## Composed retrieval (packaged)\n\n| rtic | 70.9 |\n\n"
+                   "## fake\n\nstale table\n")
+    assert offline.main(["--backbone", "stub", "--only", "fake", "--out", str(out)]) == 0
+    text = out.read_text()
+    assert "old head" in text and "## Composed retrieval (packaged)\n\n| rtic | 70.9 |" in text
+    assert "fresh table" in text and "stale table" not in text
+    assert text.index("## Composed retrieval") < text.index("## fake")
+    with pytest.raises(SystemExit):
+        offline.main(["--only", "nope", "--out", str(out)])
 
 
 def test_atomic_writes_are_safe_under_concurrent_writers(tmp_path):

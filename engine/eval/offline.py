@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from ..config import ROOT, Settings
-from ..plugins import load_plugin
+from ..plugins import load_plugin, merge_sections
 from .metrics import first_hit_ranks, recall_from_ranks
 
 KS = (1, 5, 10, 50)
@@ -232,10 +232,15 @@ def main(argv=None) -> int:
     p.add_argument("--backbone", default="packaged")
     p.add_argument("--device", default="auto")
     p.add_argument("--nqe", type=int, default=8, help="neighbours used by the expanders in the CIR table")
-    p.add_argument("--only", default="", help="sections: cir," + ",".join(EXTRA_SECTIONS))
+    p.add_argument("--only", default="", help="re-measure only these sections (the others in --out are kept): "
+                   "cir," + ",".join(EXTRA_SECTIONS))
     p.add_argument("--out", default=str(ROOT / "docs" / "RESULTS.md"))
     p.add_argument("--record", default="", help="also write a JSON run record here")
     args = p.parse_args(argv)
+    sections = [s for s in args.only.split(",") if s] or ["cir", *EXTRA_SECTIONS]
+    unknown = [s for s in sections if s != "cir" and s not in EXTRA_SECTIONS]
+    if unknown:
+        p.error(f"unknown section {', '.join(unknown)}; choose from cir, {', '.join(EXTRA_SECTIONS)}")
     from ..backbones import create_backbone
 
     t0 = time.time()
@@ -251,38 +256,46 @@ def main(argv=None) -> int:
         pass
     out = Path(args.out)
     img_dir = out.parent / "img"
-    sections = [s for s in args.only.split(",") if s] or ["cir", *EXTRA_SECTIONS]
-    parts = ["# Results\n\nProduced by `python -m engine eval offline` on "
-             f"{time.strftime('%Y-%m-%d')} (not written by hand). Data: the offline sets of `docs/data.md`, "
-             "assembled from packages that install offline with fixed seeds; splits never share an image. "
-             "Where a learned method loses to a baseline, the table says so."]
+    parts = ["# Results\n\nProduced by `python -m engine eval offline` (not written by hand); each section "
+             "gives the date it was measured, and `--only X` re-measures section X and keeps the others. Data: "
+             "the offline sets of `docs/data.md`, assembled from packages that install offline with fixed seeds; "
+             "splits never share an image. Where a learned method loses to a baseline, the table says so.\n\n"
+             "Hashing (mAP of ICS against LSH, ITQ-style PCA hashing and float embeddings at 16-128 bits, and "
+             "recall of the compact index against exact search) is measured by `python -m engine bench --only "
+             "ics`; see docs/ics.md."]
+
+    def measured(since: float) -> str:
+        return f"_Measured {time.strftime('%Y-%m-%d')} in {(time.time() - since) / 60:.1f} min on this machine._"
+
     record = {}
     if "cir" in sections:
         for b in backbones:
             print(f"[eval] composed retrieval with {b.name}", flush=True)
+            t = time.time()
             ev = evaluate_cir(b, settings, nqe=args.nqe)
             slug = b.name.split(":")[0]
             png = img_dir / f"results_recall_{slug}.png"
             recall_curve_png(ev["results"], png)
-            parts.append(f"## Composed retrieval ({b.name})\n\n" + cir_markdown(ev, b, f"img/{png.name}"))
+            parts.append(f"## Composed retrieval ({b.name})\n\n{measured(t)}\n\n"
+                         + cir_markdown(ev, b, f"img/{png.name}"))
             record[f"cir/{b.name}"] = {f"{n}+{e}": r["all"] for (n, e), r in ev["results"].items()}
     for name in sections:
         if name == "cir":
             continue
         fn = load_plugin(EXTRA_SECTIONS[name])  # a broken section module fails the run loudly
         print(f"[eval] {name}", flush=True)
+        t = time.time()
         md, data = fn(args, {"backbone": backbone, "settings": settings, "img_dir": img_dir})
-        parts.append(f"## {name}\n\n{md}")
+        parts.append(f"## {name}\n\n{measured(t)}\n\n{md}")
         record[name] = data
-    parts.append("Hashing (mAP of ICS against LSH, ITQ-style PCA hashing and float embeddings at 16-128 bits, and "
-                 "recall of the compact index against exact search) is measured by `python -m engine bench --only "
-                 "ics`; see docs/ics.md.")
-    parts.append(f"_Total time: {(time.time() - t0) / 60:.1f} min on this machine._")
+    text = "\n\n".join(parts) + "\n"
+    if out.exists() and args.only:  # re-measured sections only: keep the others as they are
+        text = merge_sections(out.read_text(), parts[1:])
     from ..fileio import atomic_write_text
 
     out.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(out, "\n\n".join(parts) + "\n")
-    print(f"[eval] wrote {out}")
+    atomic_write_text(out, text)
+    print(f"[eval] wrote {out} in {(time.time() - t0) / 60:.1f} min")
     if args.record:
         from .record import write_run_record
 

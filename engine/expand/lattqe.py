@@ -7,7 +7,14 @@ position 0) and a stack of transformer encoders (width = embedding size) transfo
 
     q^ = normalise(q + sum_i w_i d_i)
 
-built from the ORIGINAL neighbours, so it stays in the gallery's embedding space. A linear head
+built from the ORIGINAL neighbours, so it stays in the gallery's embedding space.
+
+Keeping the query. The paper's weights can be negative, and a model trained where most neighbours are
+relevant expands every query, which lowers mAP where they are not. Checkpoints trained since
+``weight_floor`` exists use ``w_i = max(0, cos - tau) / (1 - tau)``: training runs with ``tau = 0`` (no
+negative weights), then ``tau`` is chosen on the validation classes (largest mAP at nQE 8 and 64; ties
+go to the larger ``tau``); ``tau = 1`` keeps the query unchanged, so on validation LAttQE is never below
+no expansion. ``weight_floor = None`` (older checkpoints) is the paper's raw cosine. A linear head
 on ``d~_i`` predicts whether neighbour i is relevant (auxiliary BCE loss, training only). The
 same model applied to gallery items gives LAttDBA (see :mod:`engine.expand.dba`).
 
@@ -46,15 +53,28 @@ class LAttQEConfig:
     max_positions: int = 129  # query + up to 128 neighbours
     positional: bool = True
     trained_max_k: int = 64  # neighbours beyond this rank reuse the last trained position
+    weight_floor: Optional[float] = None  # None: raw cosine weights; tau: max(0, cos - tau) / (1 - tau)
 
     def __post_init__(self):
         if self.dim % self.heads:
             raise ValueError(f"embedding size {self.dim} is not divisible by heads={self.heads}")
+        if self.weight_floor is not None and not 0.0 <= float(self.weight_floor) <= 1.0:
+            raise ValueError(f"weight_floor must be between 0 and 1, got {self.weight_floor}")
 
     @classmethod
     def from_dict(cls, d: Dict[str, Any]) -> "LAttQEConfig":
         names = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in d.items() if k in names})
+
+
+def floor_weights(cos: torch.Tensor, floor: Optional[float]) -> torch.Tensor:
+    """Neighbour weights from cosines: unchanged for ``floor`` None, else ``max(0, cos - floor) / (1 - floor)``
+    (all zero at ``floor`` 1: the query is kept)."""
+    if floor is None:
+        return cos
+    if floor >= 1.0:
+        return torch.zeros_like(cos)
+    return torch.clamp(cos - floor, min=0.0) / (1.0 - floor)
 
 
 class LAttQEModel(nn.Module):
@@ -98,7 +118,8 @@ class LAttQEModel(nn.Module):
             pad = torch.cat([torch.zeros(b, 1, dtype=torch.bool, device=mask.device), ~mask.bool()], dim=1)
         y = self.encoder(x, src_key_padding_mask=pad)
         qt, dt = y[:, 0], y[:, 1:]
-        w = torch.nn.functional.cosine_similarity(qt[:, None, :], dt, dim=-1, eps=1e-8)
+        w = floor_weights(torch.nn.functional.cosine_similarity(qt[:, None, :], dt, dim=-1, eps=1e-8),
+                          self.config.weight_floor)
         if mask is not None:
             w = w * mask.to(w.dtype)
         return w, self.head(dt).squeeze(-1)

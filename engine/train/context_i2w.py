@@ -45,6 +45,7 @@ from ..compose.context_i2w import (ContextI2WComposer, ContextI2WConfig, Context
                                    checkpoint_name, count_parameters, load_authors_checkpoint, save_checkpoint)
 from ..errors import CheckpointError, InputError
 from ..fileio import atomic_write_bytes
+from .budget import another_epoch_fits
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".webp", ".bmp")
 PATH_KEYS = ("image", "path", "file", "filepath", "filename", "img")
@@ -420,6 +421,8 @@ def train_mapper(backbone, mapper: ContextI2WMapper, feats: PairFeatures, cfg: T
                                 "scheduler": sched.state_dict(), "epoch": epoch + 1, "step": step,
                                 "history": history, "backbone_fingerprint": backbone.fingerprint,
                                 "config": json.dumps(asdict(mapper.config), sort_keys=True)}, state_path)
+        if not another_epoch_fits(time.time() - t0):
+            break  # the time limit of `prepare`: the checkpoint holds the epochs done
     mapper.eval()
     return history
 

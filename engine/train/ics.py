@@ -47,6 +47,7 @@ from ..index.ics import (
     save_ics,
 )
 from ..index.ics_baselines import ITQHasher, LSHHasher
+from .budget import another_epoch_fits
 
 
 # -- simplex projection and centre weights (the w-step of the alternating optimisation) -------------
@@ -208,6 +209,7 @@ def train_ics(
     history = []
     bar = tqdm(range(cfg.epochs), desc=f"ICS-{cfg.bits}", disable=not progress)
     for epoch in bar:
+        t_epoch = time.perf_counter()
         # (1) centre weights with f frozen
         head.eval()
         with torch.no_grad():
@@ -245,6 +247,8 @@ def train_ics(
                         "mean_max_weight_multilabel": max_w})
         bar.set_postfix(central=f"{total / batches:.4f}", quant=f"{total_q / batches:.4f}",
                         neighbour=f"{total_n / batches:.4f}")
+        if not another_epoch_fits(time.perf_counter() - t_epoch):
+            break  # the time limit of `prepare`
     head.eval()
     record = {"history": history, "train_items": int(n)}
     return ICSModel(cfg, head.cpu(), centres_np, record=record)

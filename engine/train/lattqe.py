@@ -34,6 +34,7 @@ from tqdm.auto import tqdm
 from ..errors import InputError
 from ..expand.base import l2n
 from ..expand.baselines import DEFAULT_ALPHA, expand_batch
+from .budget import another_epoch_fits
 from ..expand.dba import dba_vectors, knn
 from ..expand.lattqe import LAttQEConfig, LAttQEModel, expand_numpy, save_lattqe
 from ..labels import expand_label
@@ -314,6 +315,7 @@ class TrainConfig:
     dropout: float = 0.1
     positional: bool = True
     center_inputs: bool = True  # encoder input = normalise(x - mean of the training embeddings)
+    keep_query: bool = True  # non-negative weights in training, weight floor chosen on validation
 
 
 def contrastive_loss(z: torch.Tensor, y: torch.Tensor, margin: float) -> torch.Tensor:
@@ -438,7 +440,7 @@ def train_lattqe(train_x: np.ndarray, train_y: Sequence, val_x: np.ndarray, val_
         model = LAttQEModel(LAttQEConfig(
             dim=dim, layers=cfg.layers, heads=cfg.heads, ff_dim=cfg.ff_dim, dropout=cfg.dropout,
             positional=cfg.positional, trained_max_k=cfg.k_max,
-            max_positions=max(129, cfg.k_max + 1),
+            max_positions=max(129, cfg.k_max + 1), weight_floor=0.0 if cfg.keep_query else None,
         ))
         if cfg.center_inputs:
             model.center.copy_(torch.as_tensor(tx.mean(0)))
@@ -455,6 +457,7 @@ def train_lattqe(train_x: np.ndarray, train_y: Sequence, val_x: np.ndarray, val_
     bce = torch.nn.BCEWithLogitsLoss(reduction="none")
     bar = tqdm(range(1, cfg.epochs + 1), desc="train LAttQE", disable=not progress)
     for epoch in bar:
+        t_epoch = time.perf_counter()
         model.train()
         sampler.refresh_pool()
         sums = np.zeros(3)
@@ -487,9 +490,35 @@ def train_lattqe(train_x: np.ndarray, train_y: Sequence, val_x: np.ndarray, val_
         if vmap > best_map:
             best_map, best_state = vmap, copy.deepcopy(model.state_dict())
         bar.set_postfix(loss=f"{rec['loss']:.4f}", val_map=f"{vmap:.4f}", best=f"{best_map:.4f}")
+        if not another_epoch_fits(time.perf_counter() - t_epoch):
+            break  # the time limit of `prepare`
     if keep == "best" and best_state is not None:
         model.load_state_dict(best_state)
     return model.eval(), history
+
+
+FLOOR_GRID = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
+
+
+@torch.no_grad()
+def choose_floor(model: LAttQEModel, val_x: np.ndarray, val_y: Sequence, cfg: Optional[TrainConfig] = None,
+                 nqes: Sequence[int] = (8, 64), grid: Sequence[float] = FLOOR_GRID) -> Dict:
+    """Sets ``model.config.weight_floor`` to the grid value with the largest mean validation mAP over
+    ``nqes`` (ties: the larger floor, i.e. the more conservative one; 1.0 keeps the query, so the result
+    is never below no expansion on validation). Returns the per-floor figures."""
+    cfg = cfg or TrainConfig()
+    vx, vy = l2n(np.asarray(val_x, np.float32)), encode_labels(val_y)
+    qids = validation_queries(len(vx), cfg)
+    ks = [min(k, len(vx) - 1) for k in nqes]
+    none = qe_map("none", vx, vy, ks[0], qids)
+    table = {}
+    for f in grid:
+        model.config.weight_floor = float(f)
+        table[float(f)] = [qe_map("lattqe", vx, vy, k, qids, model=model) for k in ks]
+    best = max(table, key=lambda f: (round(float(np.mean(table[f])), 6), f))
+    model.config.weight_floor = best
+    return {"weight_floor": best, "nqe": list(ks), "val_map_none": none,
+            "val_map_by_floor": {str(f): v for f, v in table.items()}}
 
 
 # ============================================================================ benchmark
@@ -599,11 +628,13 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: leave as is)")
     p.add_argument("--quiet", action="store_true")
     for f in fields(TrainConfig):
-        if f.name in ("positional", "center_inputs"):
+        if f.name in ("positional", "center_inputs", "keep_query"):
             continue
         p.add_argument("--" + f.name.replace("_", "-"), type=type(f.default), default=f.default)
     p.add_argument("--no-positional", action="store_true", help="ablation: no positional encodings")
     p.add_argument("--no-center", action="store_true", help="ablation: feed raw (uncentred) vectors to the encoder")
+    p.add_argument("--no-keep-query", action="store_true",
+                   help="the paper's raw cosine weights (may be negative), no weight floor chosen on validation")
     return p
 
 
@@ -612,8 +643,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     cfg = TrainConfig(**{f.name: getattr(args, f.name) for f in fields(TrainConfig)
-                         if f.name not in ("positional", "center_inputs")},
-                      positional=not args.no_positional, center_inputs=not args.no_center)
+                         if f.name not in ("positional", "center_inputs", "keep_query")},
+                      positional=not args.no_positional, center_inputs=not args.no_center,
+                      keep_query=not args.no_keep_query)
     test = None
     feats = None
     if args.labelled:
@@ -654,17 +686,23 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     t0 = time.time()
     model, history = train_lattqe(x[tr], y[tr], x[va], y[va], cfg, progress=not args.quiet)
     best = max(history, key=lambda h: h["val_map"])
+    floor = choose_floor(model, x[va], y[va], cfg) if cfg.keep_query else None
     from ..config import Settings
 
     out_dir = args.out or Path(Settings().checkpoints)
+    if floor is not None:  # the validation figure of the model as shipped (floor chosen), at val_nqe
+        k, vals = min(cfg.val_nqe, len(y[va]) - 1), floor["val_map_by_floor"][str(floor["weight_floor"])]
+        best = {**best, "val_map": vals[floor["nqe"].index(k)] if k in floor["nqe"] else vals[-1]}
     extra = {"train": asdict(cfg), "data": source, "best_epoch": best["epoch"], "val_map": best["val_map"],
+             "floor_selection": floor,
              "val_map_none": best["val_map_none"], "val_map_aqe": best["val_map_aqe"],
              "train_seconds": round(time.time() - t0, 1), "history": history,
              "val_classes": [str(c) for c in np.unique(y[va])],
              "train_classes": [str(c) for c in np.unique(y[tr])]}
     path = save_lattqe(model, out_dir / f"{args.name}.safetensors", fp, extra)
     print(f"best epoch {best['epoch']}: val mAP {best['val_map']:.4f} (no QE {best['val_map_none']:.4f}, "
-          f"AQE {best['val_map_aqe']:.4f}); checkpoint {path}")
+          f"AQE {best['val_map_aqe']:.4f})" + (f", weight floor {floor['weight_floor']:.1f}" if floor else "")
+          + f"; checkpoint {path}")
     if args.report is not None:
         args.report.mkdir(parents=True, exist_ok=True)
         ex, ey, where = (test[0], test[1], "test") if test is not None else (x[va], y[va], "val")

@@ -36,6 +36,7 @@ from ..compose.rtic import RTIC, RTICConfig, checkpoint_name, count_parameters, 
 from ..data.cir_triplets import TripletSet
 from ..errors import CheckpointError, InputError
 from ..eval.metrics import first_hit_ranks, recall_from_ranks
+from .budget import another_epoch_fits
 from .gcn_graph import CorrelationGraph, GCNStream, build_graph, gcn_bce_loss
 
 
@@ -233,6 +234,8 @@ def fit(
             if stream is not None:
                 state["stream"] = stream.state_dict()
             _save_state(state_path, state)
+        if not another_epoch_fits(time.perf_counter() - t0):
+            break  # the time limit of `prepare`
     model.eval()
     return history
 
