@@ -160,6 +160,18 @@ def backbone_markdown(engine: SearchEngine) -> str:
     return "  \n".join(lines)
 
 
+def default_method_line(method: str, evidence) -> str:
+    """One short line saying why ``method`` is the default (``evidence``: engine.checkpoints.default_method's)."""
+    name = esc(LABELS.get(method, method))
+    if not evidence:
+        return (f"Default method: **{name}**. No validation figures recorded for this model show another "
+                "method doing better.")
+    scores, metric = evidence["scores"], esc(evidence["metric"])
+    runner_up = max((m for m in scores if m != method), key=lambda m: scores[m])
+    return (f"Default method: **{name}**, the best measured for this model on validation queries ({metric} "
+            f"{scores[method]:.1f} vs {scores[runner_up]:.1f} for {esc(LABELS.get(runner_up, runner_up))}).")
+
+
 def _model_words(b: dict) -> str:
     name = str(b.get("name", ""))
     where = "a GPU" if str(b.get("device", "")).startswith("cuda") else "this computer's processor"
@@ -243,14 +255,24 @@ def column_dom_id(key: str) -> str:
     return "compare-col-" + re.sub(r"[^A-Za-z0-9_-]", "-", key)
 
 
+def shared_threshold(data: dict) -> int:
+    """How many columns must have found an image for it to be marked: most of the columns that returned
+    results (and at least two). Found by two of ten methods is what most results are; found by most of
+    them says something."""
+    ran = sum(1 for c in data.get("columns", []) if not c.get("error"))
+    return max(2, ran // 2 + 1)
+
+
 def compare_html(image_for, data: dict) -> str:
     """Compare mode as HTML: a responsive grid of columns (one per method), per-method timings,
     results found by several columns outlined and badged (not by colour alone), captions as alt text
     and the score breakdown as each image's tooltip. ``image_for(id)`` gives the file to show."""
     cols = data.get("columns", [])
     shared = {int(i): keys for i, keys in (data.get("shared") or {}).items()}
+    need = shared_threshold(data)
     out = [f'<div class="cmp-summary" role="status">{len(cols)} methods in {data.get("wall_ms", 0):.0f} ms'
-           f' · <span class="cmp-shared-key">outlined ⧉N</span> = found by N methods</div>',
+           f' · <span class="cmp-shared-key">outlined ⧉N</span> = found by N methods, marked when most'
+           f' of them ({need} or more) found it</div>',
            '<div class="cmp-grid">']
     for c in cols:
         resp = c.get("response") or {}
@@ -269,8 +291,8 @@ def compare_html(image_for, data: dict) -> str:
         out.append('<ol class="cmp-list">')
         for r in resp.get("results", []):
             n = len(shared.get(int(r["id"]), []))
-            cls = "cmp-item shared" if n > 1 else "cmp-item"
-            badge = f'<span class="cmp-badge" title="found by {n} methods">⧉{n}</span>' if n > 1 else ""
+            cls = "cmp-item shared" if n >= need else "cmp-item"
+            badge = f'<span class="cmp-badge" title="found by {n} methods">⧉{n}</span>' if n >= need else ""
             cap = r.get("caption") or r["path"]
             out.append(f'<li class="{cls}" data-id="{int(r["id"])}" data-shared="{n}">'
                        f'<img src="{esc(file_url(image_for(int(r["id"]))))}" alt="{esc(cap)}" '
@@ -287,6 +309,8 @@ def compare_summary_markdown(data: dict) -> str:
     for c in data.get("columns", []):
         state = f"not run: {esc(c['error'])}" if c.get("error") else f"{len((c.get('response') or {}).get('results', []))} results"
         lines.append(f"- {esc(c['label'])}: {c['wall_ms']:.0f} ms, {state}")
-    lines.append(f"**Total:** {data.get('wall_ms', 0):.0f} ms · {len(data.get('shared', {}))} images found by "
-                 "more than one method")
+    need = shared_threshold(data)
+    most = sum(1 for keys in (data.get("shared") or {}).values() if len(keys) >= need)
+    lines.append(f"**Total:** {data.get('wall_ms', 0):.0f} ms · {most} images found by most methods "
+                 f"({need} or more)")
     return "\n".join(lines)

@@ -146,6 +146,27 @@ def summary_markdown(engine: SearchEngine) -> str:
     return plain_summary(engine)
 
 
+def lattqe_info(engine: SearchEngine) -> str:
+    """The LAttQE box's note: what it does, why it is unavailable, or the engine's warning that its
+    checkpoint measured worse than no expansion on its own validation queries."""
+    from engine.expand.lattqe import validation_shortfall
+
+    reason = engine.expanders_unavailable.get("lattqe")
+    if reason is not None:
+        return f"unavailable: {reason}"
+    shortfall = validation_shortfall(getattr(engine.expanders.get("lattqe"), "record", None))
+    return "re-forms the query from its top results" + (f"; note: {shortfall}" if shortfall else "")
+
+
+def default_method(engine: SearchEngine):
+    """(method, evidence) from engine.checkpoints.default_method over the live learned methods' records."""
+    from engine.checkpoints import default_method as choose
+
+    available = [m for m, why in engine.methods().items() if why is None]
+    records = {name: getattr(c, "record", None) or {} for name, c in engine.composers.items()}
+    return choose(records, available)
+
+
 # -- examples and the gallery picker ----------------------------------------------------------------
 EXAMPLE_TEXTS = {"animals": "as a dog", "buildings": "at night", "vehicles": "the same but red", "food": "in the snow",
                  "music": "made of wood", "plants": "with flowers"}

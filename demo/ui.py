@@ -12,7 +12,7 @@ from engine.search import SearchEngine
 from engine.service import SESSIONS, drop_session_engine, load_default_engine
 
 from . import handlers as h
-from .formatting import EXPANDER_LABELS, method_choices
+from .formatting import EXPANDER_LABELS, default_method_line, method_choices
 
 TITLE = "Composed image search"
 INTRO = ("Give a reference image and say what to change — *same dress but red*, *the building at night* — "
@@ -58,7 +58,7 @@ def _search_controls(engine: SearchEngine, prefix: str, with_compare: bool = Fal
 
     c = SimpleNamespace(compare_btn=None, compare_out=None, picker=None)
     methods = method_choices(engine)
-    default_method = "sum" if "sum" in engine.composers else next(iter(engine.composers))
+    default_method, evidence = h.default_method(engine)  # the best measured on validation figures, else the sum
     with gr.Row(elem_id=f"{prefix}controls"):
         with gr.Column(scale=1, min_width=240):
             c.image = gr.Image(type="filepath", image_mode=None, label="Reference image",
@@ -72,12 +72,13 @@ def _search_controls(engine: SearchEngine, prefix: str, with_compare: bool = Fal
                 c.method = gr.Dropdown(methods, value=default_method, label="Method", elem_id=f"{prefix}method",
                                        min_width=240)
                 c.k = gr.Slider(1, h.UI_MAX_K, value=12, step=1, label="Results (top-k)", elem_id=f"{prefix}k")
+            gr.Markdown(default_method_line(default_method, evidence), elem_id=f"{prefix}method-why",
+                        elem_classes=["cis-note"])
             c.alpha = gr.Slider(0, 1, value=0.5, step=0.05, label="α (text weight, weighted sum)",
                                 elem_id=f"{prefix}alpha")
             lattqe_reason = engine.expanders_unavailable.get("lattqe")
             c.lattqe = gr.Checkbox(value=False, label="LAttQE expansion", interactive=lattqe_reason is None,
-                                   info=("re-forms the query from its top results" if lattqe_reason is None
-                                         else f"unavailable: {lattqe_reason}"), elem_id=f"{prefix}lattqe")
+                                   info=h.lattqe_info(engine), elem_id=f"{prefix}lattqe")
             c.keep_out = gr.Checkbox(value=True, label="Leave the reference out of its results",
                                      info="a gallery photo used as the reference is not shown as its own match",
                                      elem_id=f"{prefix}exclude-reference")
@@ -140,8 +141,7 @@ def _prepare_status(engine: SearchEngine, method, lattqe) -> None:
     def tick():
         reason = engine.expanders_unavailable.get("lattqe")
         return (bg.markdown(), gr.update(choices=method_choices(engine)),
-                gr.update(interactive=reason is None,
-                          info="re-forms the query from its top results" if reason is None else f"unavailable: {reason}"))
+                gr.update(interactive=reason is None, info=h.lattqe_info(engine)))
 
     gr.Timer(3).tick(tick, None, [line, method, lattqe], api_name=False, show_progress="hidden")
 

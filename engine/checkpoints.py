@@ -143,3 +143,78 @@ def resolve(patterns, read_record, fingerprint: Optional[str], checkpoint_dir=No
 def describe_search_path(checkpoint_dir=None) -> str:
     """The searched folders for messages (names relative to nothing; just as configured)."""
     return os.pathsep.join(str(d) for d in search_dirs(checkpoint_dir))
+
+
+# -- which method to offer first: validation figures recorded with the checkpoints --------------------------
+#
+# A trainer may record, next to its checkpoint, how the methods compared on a *validation* split (the split
+# it chose epochs or settings on, never the held-out test split). Three record shapes are read:
+#   * ``"validation": {"split", "metric", "scores": {method: value}}`` (the general form);
+#   * Context-I2W: ``training.held_out.cir = {"split", "<subset>": {"recall": {method: {"R@10": ...}}}}``;
+#   * RTIC: ``held_out_all = {method or variant: {"R@10": ...}}`` with ``eval_split``.
+# Figures from any other split are ignored, so a test-split number can never choose the default.
+
+VALIDATION_SPLITS = ("val", "validation", "dev")
+BASELINE_METHOD = "sum"
+METRIC = "R@10"
+
+
+def _pick_metric(scores: dict) -> Optional[str]:
+    keys = [set(v) for v in scores.values() if isinstance(v, dict)]
+    common = set.intersection(*keys) if keys else set()
+    return METRIC if METRIC in common else (sorted(common)[0] if common else None)
+
+
+def validation_comparisons(record: dict, method: str) -> list:
+    """The method comparisons measured on a validation split that one checkpoint's ``record`` carries:
+    ``[{"split", "metric", "scores": {method: value}, "source"}]``. ``method`` is the engine's name for the part
+    the record belongs to (e.g. ``rtic``): a variant's figures (``rtic+gcn``) are filed under it."""
+    out = []
+    source = str(record.get("file") or record.get("weights") or method)
+
+    def add(split, metric, scores):
+        if str(split).lower() in VALIDATION_SPLITS and metric and len(scores) >= 2:
+            out.append({"split": str(split), "metric": metric, "scores": scores, "source": Path(source).name})
+
+    val = record.get("validation")
+    if isinstance(val, dict) and isinstance(val.get("scores"), dict):
+        add(val.get("split", ""), val.get("metric", METRIC), {k: float(v) for k, v in val["scores"].items()})
+    cir = ((record.get("training") or {}).get("held_out") or {}).get("cir")
+    if isinstance(cir, dict):
+        subsets = {k: v for k, v in cir.items() if isinstance(v, dict) and isinstance(v.get("recall"), dict)}
+        sub = subsets.get("all") or (next(iter(subsets.values())) if len(subsets) == 1 else None)
+        if sub:
+            metric = _pick_metric(sub["recall"])
+            add(cir.get("split", ""), metric, {m: float(r[metric]) for m, r in sub["recall"].items() if metric in r})
+    table = record.get("held_out_all")
+    if isinstance(table, dict):
+        split = record.get("eval_split") or (record.get("prepare") or {}).get("eval_split", "")
+        variant = record.get("variant", method)
+        rows = {(method if name == variant else name): r for name, r in table.items()
+                if isinstance(r, dict) and (name == variant or name in ("image", "text", "sum"))}
+        metric = _pick_metric(rows)
+        add(split, metric, {m: float(r[metric]) for m, r in rows.items() if metric in r})
+    return out
+
+
+def default_method(records: dict, available, baseline: str = BASELINE_METHOD):
+    """(method, evidence): the method to offer first. ``records`` maps each loaded learned method to its
+    checkpoint's record, ``available`` lists the methods the engine can run. Among the validation
+    comparisons that include the ``baseline`` (the weighted sum), the one covering most available methods
+    decides: its best method wins, ties go to the baseline. Without such a comparison the baseline is the
+    default and the evidence is None; otherwise the evidence is the comparison (scores of available methods)."""
+    available = list(available)
+    fallback = baseline if baseline in available else (available[0] if available else baseline)
+    best = None
+    for method, record in records.items():
+        for comp in validation_comparisons(record or {}, method):
+            scores = {m: v for m, v in comp["scores"].items() if m in available}
+            if baseline not in scores or len(scores) < 2:
+                continue
+            if best is None or len(scores) > len(best["scores"]):
+                best = dict(comp, scores=scores)
+    if best is None:
+        return fallback, None
+    top = max(best["scores"].values())
+    winner = baseline if best["scores"][baseline] >= top else max(best["scores"], key=best["scores"].get)
+    return winner, best

@@ -265,3 +265,17 @@ def make_lattqe(embed_dim=None, checkpoint_dir=None, fingerprint=None, **_):
     except CheckpointError as exc:
         raise ExpanderUnavailable(str(exc)) from exc
     return LAttQEExpander(model, record)
+
+
+def validation_shortfall(record: Optional[Dict[str, Any]]) -> Optional[str]:
+    """One plain sentence when the checkpoint's own validation queries (the held-out classes that picked its
+    epoch; ``val_map`` / ``val_map_none`` in the sidecar) scored lower with LAttQE than without expansion;
+    None when it did not, or when the record has no such figures."""
+    try:
+        with_qe, none = float(record["val_map"]), float(record["val_map_none"])
+    except (KeyError, TypeError, ValueError):
+        return None
+    if with_qe >= none:
+        return None
+    return (f"on its validation queries it scored below no expansion "
+            f"(mAP {with_qe:.3f} vs {none:.3f}), so it may make results worse")

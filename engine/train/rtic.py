@@ -572,6 +572,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         path = out_dir / checkpoint_name(backbone_name, variant)
         extra = {"variant": variant, "train_config": asdict(cfg), "data": args.data,
                  "held_out": metrics.get(variant, {}), "history": result["history"][variant],
+                 # every method on the same split (engine.checkpoints.default_method reads it when it is 'val')
+                 "held_out_all": metrics, "eval_split": args.eval_split,
                  "graph": result["graph"] if variant == "rtic+gcn" else None}
         save_checkpoint(path, model, fingerprint, backbone_name, extra)
         print(f"saved {variant} -> {path}")

@@ -72,6 +72,13 @@ def test_example_click_runs_a_search_and_download_appears_with_a_file(served_dem
     ui.open_accordion(page, "About this engine")
     about = page.locator("#backbone-info").inner_text()
     assert gallery_engine.backbone.fingerprint in about and "bytes per image" in about and "index" in about
+    # the default method says why in one line; the LAttQE box shows the engine's note on its checkpoint
+    from demo.handlers import default_method, lattqe_info
+
+    assert page.locator("#method input[role=combobox]").input_value().startswith("Image + text") == (
+        default_method(gallery_engine)[0] == "sum")
+    assert page.locator("#method-why").inner_text().startswith("Default method:")
+    assert lattqe_info(gallery_engine) in page.locator("#lattqe").inner_text()
     # nothing exported yet: no Download box taking space
     assert page.locator("#export-file").count() == 0 or not page.locator("#export-file").is_visible()
     shot(page, "opened")

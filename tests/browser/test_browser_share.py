@@ -42,7 +42,7 @@ def test_compare_mode_marks_shared_results(served_demo, open_page, shot, viewpor
     page = open_page(url, viewport)
     ui.upload_reference(page, "", sorted((GALLERY / "buildings").glob("*.jpg"))[0])
     ui.type_text(page, "", "at night")
-    ui.set_k(page, "", 4)
+    ui.set_k(page, "", 6)
     page.click("#compare")
     page.wait_for_selector("#compare-results .cmp-col")
     ui.wait_idle(page, "compare-results")
@@ -53,9 +53,10 @@ def test_compare_mode_marks_shared_results(served_demo, open_page, shot, viewpor
     for m in available:  # one column per available method, each with k results and its timing
         assert f"compare-col-{m}" in ids, (m, ids)
         col = page.locator(f"#compare-col-{m}")
-        assert col.locator(".cmp-item").count() == 4
+        assert col.locator(".cmp-item").count() == 6
         assert re.search(r"\d+ ms", col.locator(".cmp-time").inner_text())
-    # an image is marked shared exactly when it appears in more than one column
+    # an image is marked exactly when most of the columns found it
+    need = len(available) // 2 + 1
     seen = {}
     for m in available:
         for item_id in page.locator(f"#compare-col-{m} .cmp-item").evaluate_all("els => els.map(e => e.dataset.id)"):
@@ -63,8 +64,9 @@ def test_compare_mode_marks_shared_results(served_demo, open_page, shot, viewpor
     marked = page.locator("#compare-results .cmp-item").evaluate_all(
         "els => els.map(e => [e.dataset.id, e.classList.contains('shared')])")
     for item_id, is_shared in marked:
-        assert is_shared == (seen.get(item_id, 0) > 1), (item_id, seen.get(item_id))
-    assert any(v > 1 for v in seen.values())  # image and sum share results on this query
+        assert is_shared == (seen.get(item_id, 0) >= need), (item_id, seen.get(item_id), need)
+    assert any(v >= need for v in seen.values())  # most methods agree on some results of this query ...
+    assert any(1 < v < need for v in seen.values())  # ... and results found by only two stay unmarked
     shot(page, "compare")
     if viewport == "desktop" and DOC_IMAGES:
         page.locator("#compare-results").screenshot(path=str(ROOT / "docs" / "img" / "compare.png"))

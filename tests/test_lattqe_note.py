@@ -1,0 +1,27 @@
+"""The LAttQE box says so when its checkpoint's own validation queries scored below no expansion (the fact
+comes from the engine, engine.expand.lattqe.validation_shortfall; the page only shows it)."""
+import json
+
+from engine.config import ASSETS
+from engine.expand.lattqe import validation_shortfall
+
+
+def test_shortfall_only_when_validation_was_below_no_expansion():
+    assert validation_shortfall({"val_map": 0.25, "val_map_none": 0.30}) == (
+        "on its validation queries it scored below no expansion (mAP 0.250 vs 0.300), so it may make results worse")
+    assert validation_shortfall({"val_map": 0.31, "val_map_none": 0.30}) is None
+    assert validation_shortfall({"val_map": 0.30, "val_map_none": 0.30}) is None
+    assert validation_shortfall({"best_epoch": 3}) is None and validation_shortfall(None) is None
+
+
+def test_the_live_lattqe_box_shows_the_bundled_checkpoints_figures(gallery_engine):
+    from demo import handlers as h
+
+    sidecar = json.loads(next((ASSETS / "checkpoints").glob("lattqe-packaged-*.json")).read_text())
+    info = h.lattqe_info(gallery_engine)
+    assert "lattqe" in gallery_engine.expanders  # the bundled checkpoint is live
+    if sidecar["val_map"] < sidecar["val_map_none"]:  # as recorded when it was trained: 0.281 vs 0.348
+        assert f"mAP {sidecar['val_map']:.3f} vs {sidecar['val_map_none']:.3f}" in info and "below" in info
+    else:
+        assert "below" not in info
+    assert info.startswith("re-forms the query")
