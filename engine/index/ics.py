@@ -229,46 +229,12 @@ class ICSModel(Hasher):
         self.record = record or {}
         self.bits, self.dim = config.bits, config.dim
 
-    # up to this many rows the head runs in numpy on views of its weights: a single query costs ~0.07-0.15 ms
-    # there against ~0.2-0.35 ms for torch's module dispatch; large batches (building codes) stay in torch.
-    # The products use einsum, not BLAS: a multi-threaded BLAS call for one row costs 2-13 ms on a loaded
-    # machine (threads wait for cores), einsum stays on the calling thread.
-    NUMPY_MAX_ROWS = 256
-
-    def _numpy_layers(self):
-        """[(weight (out, in), bias (out,))] float32 numpy views of the eval-mode head (Dropout is the identity
-        at eval; ReLU between the linears), or None when the head is not the Linear[-ReLU-Dropout-Linear] stack.
-        Views share memory with the parameters, so they follow in-place updates (training, load_state_dict)."""
-        linears = [m for m in self.head.net if isinstance(m, nn.Linear)]
-        key = tuple(m.weight.data_ptr() for m in linears)
-        cached = getattr(self, "_np_layers", None)
-        if cached is not None and cached[0] == key:
-            return cached[1]
-        layers = None
-        if linears and all(isinstance(m, (nn.Linear, nn.ReLU, nn.Dropout)) for m in self.head.net) and \
-                all(m.weight.dtype == torch.float32 and m.weight.device.type == "cpu" for m in linears):
-            layers = [(m.weight.detach().numpy(), m.bias.detach().numpy()) for m in linears]
-        self._np_layers = (key, layers)
-        return layers
-
-    @staticmethod
-    def _outputs_numpy(x: np.ndarray, layers) -> np.ndarray:
-        for i, (w, b) in enumerate(layers):
-            x = np.einsum("nj,ij->ni", x, w) + b
-            if i < len(layers) - 1:
-                np.maximum(x, 0, out=x)
-        return x
-
     @torch.no_grad()
     def outputs(self, vectors: np.ndarray, batch: int = 65536) -> np.ndarray:
         """Raw head outputs (N, K) float32 (sign = bit, tanh = relaxed code)."""
         x = np.asarray(vectors, dtype=np.float32)
         if x.ndim != 2 or x.shape[1] != self.dim:
             raise InputError(f"the ICS hash head expects vectors of size {self.dim}, got shape {x.shape}")
-        if 0 < len(x) <= self.NUMPY_MAX_ROWS:
-            layers = self._numpy_layers()
-            if layers is not None:
-                return self._outputs_numpy(x, layers)
         self.head.eval()
         out = [self.head(torch.from_numpy(np.ascontiguousarray(x[i:i + batch]))).numpy()
                for i in range(0, len(x), batch)]
