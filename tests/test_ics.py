@@ -509,3 +509,6 @@ def test_ics_bench_million_only_keeps_the_previous_tables(tmp_path):
     assert set(fig) == {"million"} and fig["million"]["items"] == 2000
     assert md.count("| 64 | 0.7 |") == 1 and "2026-11-29" in md and "--ics-million-only" in md
     assert "1,000,000 synthetic" not in md and "2,000 synthetic 64-d" in md and "**design limit**" in md
+    (tmp_path / "B.md").write_text("## ics\n\n_Measured 2026-12-02 on X._\n\n" + md)  # a 1M-only run again
+    md2, _ = bench_section(args, {})
+    assert "2026-11-29" in md2 and md2.count("| 64 | 0.7 |") == 1 and md2.count("**design limit**") == 1

@@ -323,7 +323,8 @@ def _previous_tables(path: Path):
     if not m:
         return "", ""
     body = m.group(1)
-    date = re.search(r"_Measured (\d{4}-\d{2}-\d{2})", body) or re.search(r"Written by .*? on (\d{4}-\d{2}-\d{2})", text)
+    date = (re.search(r"--only ics` run, (\d{4}-\d{2}-\d{2})", body)  # the previous run was 1M-only too
+            or re.search(r"_Measured (\d{4}-\d{2}-\d{2})", body) or re.search(r"Written by .*? on (\d{4}-\d{2}-\d{2})", text))
     paras = [p.strip() for p in body.split("\n\n") if p.strip()]
     keep = []
     for p in paras:
