@@ -216,6 +216,7 @@ class ApiClient:
         u = urlparse(url)
         self.host, self.port, self.prefix = u.hostname, u.port or 80, u.path.rstrip("/")
         self.timeout, self.conn = timeout, None
+        self.session = uuid.uuid4().hex[:11]  # one Gradio session per client, as one browser tab keeps
 
     def _request(self, method: str, path: str, body: bytes = None, headers: dict = None):
         for attempt in (0, 1):  # a kept-alive connection the server has closed is reopened once
@@ -251,7 +252,7 @@ class ApiClient:
 
     def call(self, api: str, data: list):
         """Submit to the queue and read the event stream; returns the output list or raises."""
-        status, body = self._request("POST", f"/gradio_api/call/{api}", json.dumps({"data": data}).encode(),
+        status, body = self._request("POST", f"/gradio_api/call/{api}", json.dumps({"data": data, "session_hash": self.session}).encode(),
                                      {"Content-Type": "application/json"})
         if status != 200:
             raise RuntimeError(f"HTTP {status}: {body[:120].decode(errors='replace')}")
