@@ -149,13 +149,14 @@ def summary_markdown(engine: SearchEngine) -> str:
 def lattqe_info(engine: SearchEngine) -> str:
     """The LAttQE box's note: what it does, why it is unavailable, or the engine's warning that its
     checkpoint measured worse than no expansion on its own validation queries."""
-    from engine.expand.lattqe import validation_shortfall
+    from engine.expand.lattqe import keeps_query_note, validation_shortfall
 
     reason = engine.expanders_unavailable.get("lattqe")
     if reason is not None:
         return f"unavailable: {reason}"
-    shortfall = validation_shortfall(getattr(engine.expanders.get("lattqe"), "record", None))
-    return "re-forms the query from its top results" + (f"; note: {shortfall}" if shortfall else "")
+    record = getattr(engine.expanders.get("lattqe"), "record", None)
+    note = validation_shortfall(record) or keeps_query_note(record)
+    return "re-forms the query from its top results" + (f"; note: {note}" if note else "")
 
 
 def default_method(engine: SearchEngine):

@@ -150,6 +150,11 @@ def build_demo(settings: Optional[Settings] = None, engine: Optional[SearchEngin
     settings = settings or Settings()
     engine = engine or load_default_engine(settings)
     # uploads and generated files in Gradio's cache are deleted after an hour (checked every hour)
+    # Every kind of search (button, Enter, an example, a history rerun, the own-photos tab) shares one pool of
+    # CIS_CONCURRENCY workers: a search is CPU-bound and the server holds Python's interpreter lock for much of
+    # it, so more searches at once than the machine has cores only adds contention (docs/BENCHMARKS.md,
+    # loadtest); separate per-event limits would add up to several times that.
+    searches = {"concurrency_id": "search", "concurrency_limit": max(1, settings.concurrency)}
     with gr.Blocks(title=TITLE, delete_cache=(3600, 3600), analytics_enabled=False) as demo:
         gr.Markdown(f"# {TITLE}\n{INTRO}")
         gr.Markdown(h.summary_markdown(engine), elem_id="plain-summary")
@@ -201,10 +206,10 @@ def build_demo(settings: Optional[Settings] = None, engine: Optional[SearchEngin
                             .success(None, [qs, share_link], share_link, js=SET_URL_JS, api_name=False))
 
                 for trigger, api in ((c.button.click, "search"), (text.submit, False)):
-                    then_search(trigger(search_fn, inputs + [keep_out], outputs, api_name=api, concurrency_limit=4))
+                    then_search(trigger(search_fn, inputs + [keep_out], outputs, api_name=api, **searches))
                 if ex_grid is not None:  # a click on an example fills the inputs and runs it
                     then_search(ex_grid.select(h.example_picker(engine, examples), None, [image, text], api_name=False)
-                                .success(search_fn, inputs + [keep_out], outputs, api_name=False, concurrency_limit=4))
+                                .success(search_fn, inputs + [keep_out], outputs, api_name=False, **searches))
                 compare_fn = h.user_errors(functools.partial(h.run_compare, engine))
                 (c.compare_btn.click(compare_fn, [image, text, alpha, k, lattqe, nqe, keep_out], [compare_out, raw],
                                      api_name="compare", concurrency_limit=2)
@@ -219,7 +224,7 @@ def build_demo(settings: Optional[Settings] = None, engine: Optional[SearchEngin
                 (demo.load(h.url_restorer(engine), [history], restore_outputs, api_name=False)
                  .success(None, [qs, share_link], share_link, js=SET_URL_JS, api_name=False))
                 (history_ds.click(h.user_errors(functools.partial(h.rerun_history, engine)), [history, history_ds],
-                                  restore_outputs, api_name=False, concurrency_limit=4)
+                                  restore_outputs, api_name=False, **searches)
                  .success(None, [qs, share_link], share_link, js=SET_URL_JS, api_name=False))
                 copy_btn.click(None, [share_link], None, js=COPY_JS, api_name=False)
                 export_json_btn.click(h.user_errors(h.shown_file(functools.partial(h.export_json_file, engine))), [last],
@@ -246,9 +251,8 @@ def build_demo(settings: Optional[Settings] = None, engine: Optional[SearchEngin
                                 [session, status], api_name="index_zip", concurrency_limit=1)
                 o_inputs = [session, o_image, o_text, o_method, o_alpha, o_k, o_lattqe, o_expander, o_nqe, o_keep_out]
                 o_outputs = [o_gallery, o_expl, o_raw, o_ids]
-                o_button.click(h.user_errors(h.run_search), o_inputs, o_outputs, api_name="search_own",
-                               concurrency_limit=4)
-                o_text.submit(h.user_errors(h.run_search), o_inputs, o_outputs, api_name=False)
+                o_button.click(h.user_errors(h.run_search), o_inputs, o_outputs, api_name="search_own", **searches)
+                o_text.submit(h.user_errors(h.run_search), o_inputs, o_outputs, api_name=False, **searches)
                 o_gallery.select(h.result_as_reference, [session, o_ids], o_image, api_name=False)
     # Queue: each event runs at most its `concurrency_limit` jobs at once (events without one: CIS_CONCURRENCY);
     # at most CIS_QUEUE_MAX jobs wait. Beyond that the page shows Gradio's "This application is currently busy.
@@ -256,6 +260,11 @@ def build_demo(settings: Optional[Settings] = None, engine: Optional[SearchEngin
     demo.queue(max_size=max(1, settings.queue_max), default_concurrency_limit=max(1, settings.concurrency),
                status_update_rate="auto", api_open=False)
     SESSIONS.start_janitor(engine.settings)  # sweeps session folders left by an earlier server, then periodically
+    # The gallery and its thumbnails are served from where they are (static paths): results, examples and
+    # the picker then cost no hash-and-copy into Gradio's cache per image and request, and no cached copy
+    # can be swept away between a reply and the browser's fetch. These are the folders allowed_paths
+    # already lists, so nothing more is reachable.
+    gr.set_static_paths(allowed_paths(engine))
     return demo
 
 

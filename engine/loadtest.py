@@ -1,18 +1,27 @@
-"""Load test: N concurrent Gradio API clients against a local server for a fixed time.
+"""Load test: N concurrent API clients against a local server for a fixed time, beside the compute limit.
 
-    python -m engine loadtest --clients 20 --duration 60            # starts `python app.py` itself
+    python -m engine loadtest --clients 20 --duration 45            # starts `python app.py` itself
     python -m engine loadtest --url http://127.0.0.1:7860/ --pid 1234   # an already running server
 
-Each client is a ``gradio_client.Client`` in its own thread that calls the ``/search`` endpoint in a
-loop with a mix of queries (text only, reference image + text, image only; several methods), uploading
-real gallery photos as references. After ``--warmup`` seconds of load (caches fill, the allocator settles)
-it measures ``--duration`` seconds and prints requests/s, p50/p95/p99 latency, the error count and the
-server's peak resident memory, plus memory over time so that growth after warm-up is visible.
-Only loopback servers are accepted: this is a local test tool, not a traffic generator.
+Each client is a thread with one keep-alive HTTP connection that calls the ``/search`` endpoint through
+Gradio's queue (``POST /gradio_api/call/search``, then its event stream) in a loop with a mix of queries
+(text only, reference image + text, image only; several methods), the reference photos uploaded once at the
+start as a browser does once per chosen photo. Plain ``http.client`` on loopback keeps the generator's own
+CPU low (``gradio_client`` spent over a core creating SSL contexts); the generator reports its CPU use.
+
+Before the load, the same query mix runs in this process on the same engine, one query at a time on one
+thread with the image features cached (as the server's are after warm-up): its mean time per query gives
+the compute limit, ``cores / time``, the most queries per second this machine could answer. After
+``--warmup`` seconds of load (caches fill, the allocator settles) it measures ``--duration`` seconds and
+prints requests/s, p50/p95/p99 latency, the error count, the compute limit, the line
+``served/limit ratio R``, the generator's CPU use and the server's peak resident memory, plus memory over
+time so that growth after warm-up is visible. Only loopback servers are accepted: this is a local test
+tool, not a traffic generator.
 """
 from __future__ import annotations
 
 import argparse
+import http.client
 import ipaddress
 import json
 import os
@@ -26,6 +35,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional
@@ -199,50 +209,150 @@ class Deadline:
         return time.perf_counter() >= self.at
 
 
-def client_loop(url: str, deadline: Deadline, stats: Stats, images: List[str], methods: List[str], k: int,
-                seed: int, ready: threading.Barrier) -> None:
-    from gradio_client import Client, handle_file
+class ApiClient:
+    """One keep-alive HTTP connection to a local Gradio server's queue API (no SSL, no per-call set-up)."""
 
+    def __init__(self, url: str, timeout: float = 300.0):
+        u = urlparse(url)
+        self.host, self.port, self.prefix = u.hostname, u.port or 80, u.path.rstrip("/")
+        self.timeout, self.conn = timeout, None
+        self.session = uuid.uuid4().hex[:11]  # one Gradio session per client, as one browser tab keeps
+
+    def _request(self, method: str, path: str, body: bytes = None, headers: dict = None):
+        for attempt in (0, 1):  # a kept-alive connection the server has closed is reopened once
+            reused = self.conn is not None
+            if self.conn is None:
+                self.conn = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout)
+            try:
+                self.conn.request(method, self.prefix + path, body=body, headers=headers or {})
+                r = self.conn.getresponse()
+                return r.status, r.read()
+            except (http.client.HTTPException, OSError):
+                self.close()
+                if attempt or not reused:
+                    raise
+
+    def close(self):
+        if self.conn is not None:
+            self.conn.close()
+            self.conn = None
+
+    def upload(self, path: str) -> dict:
+        """Upload a file; returns the FileData the API takes for it."""
+        boundary = uuid.uuid4().hex
+        name = Path(path).name
+        body = (f"--{boundary}\r\nContent-Disposition: form-data; name=\"files\"; filename=\"{name}\"\r\n"
+                f"Content-Type: application/octet-stream\r\n\r\n").encode() + Path(path).read_bytes() + \
+            f"\r\n--{boundary}--\r\n".encode()
+        status, data = self._request("POST", "/gradio_api/upload", body,
+                                     {"Content-Type": f"multipart/form-data; boundary={boundary}"})
+        if status != 200:
+            raise RuntimeError(f"upload: HTTP {status}")
+        return {"path": json.loads(data)[0], "orig_name": name, "meta": {"_type": "gradio.FileData"}}
+
+    def call(self, api: str, data: list):
+        """Submit to the queue and read the event stream; returns the output list or raises."""
+        status, body = self._request("POST", f"/gradio_api/call/{api}", json.dumps({"data": data, "session_hash": self.session}).encode(),
+                                     {"Content-Type": "application/json"})
+        if status != 200:
+            raise RuntimeError(f"HTTP {status}: {body[:120].decode(errors='replace')}")
+        event_id = json.loads(body)["event_id"]
+        status, stream = self._request("GET", f"/gradio_api/call/{api}/{event_id}")
+        event = None
+        for line in stream.decode(errors="replace").splitlines():
+            if line.startswith("event:"):
+                event = line.split(":", 1)[1].strip()
+            elif line.startswith("data:") and event in ("complete", "error"):
+                payload = line.split(":", 1)[1].strip()
+                if event == "error":
+                    raise RuntimeError(f"error event: {payload[:160]}")
+                return json.loads(payload)
+        raise RuntimeError(f"no result in the event stream (HTTP {status})")
+
+
+def query_mix(rng: random.Random, images: List, methods: List[str]):
+    """One query of the mix: (reference or None, text, method). A quarter text only, a tenth image only,
+    the rest reference + text with one of ``methods``."""
+    kind = rng.random()
+    method, text = rng.choice(methods), rng.choice(TEXTS)
+    image = rng.choice(images) if images and kind > 0.25 else None
+    if image is None:
+        return None, text, "text"
+    if kind > 0.9:
+        return image, "", "image"
+    return image, text, method
+
+
+def client_loop(url: str, deadline: Deadline, stats: Stats, images: List[dict], methods: List[str], k: int,
+                seed: int, ready: threading.Barrier) -> None:
     rng = random.Random(seed)
-    try:
-        client = Client(url, verbose=False, download_files=False)
-    except Exception as exc:  # noqa: BLE001 - reported as an error of this client
-        stats.fail(f"connect: {exc.__class__.__name__}: {str(exc)[:200]}")
-        ready.abort()
-        return
+    client = ApiClient(url)
     try:
         ready.wait()
     except threading.BrokenBarrierError:
         return
     while not deadline.passed():
-        kind = rng.random()
-        method = rng.choice(methods)
-        text = rng.choice(TEXTS)
-        image = handle_file(rng.choice(images)) if images and kind > 0.25 else None
-        if image is None:
-            method, text = "text", text
-        elif kind > 0.9:
-            method, text = "image", ""
+        image, text, method = query_mix(rng, images, methods)
         t = time.perf_counter()
         try:
-            out = client.predict(image=image, text=text, method=method, k=k, api_name="/search")
-            raw = json.loads(out[2]) if isinstance(out, (list, tuple)) and len(out) > 2 else None
-            if raw is not None and len(raw.get("results", [])) == 0:
+            out = client.call("search", [image, text, method, 0.5, k, False, "none", 64, True])
+            raw = json.loads(out[2]) if isinstance(out, list) and len(out) > 2 and out[2] else None
+            if raw is None or len(raw.get("results", [])) == 0:
                 raise RuntimeError("empty result list")
             stats.ok(time.perf_counter() - t)
         except Exception as exc:  # noqa: BLE001 - every failure counts as an error
             stats.fail(f"{exc.__class__.__name__}: {str(exc)[:200]}")
+    client.close()
+
+
+def measure_compute(engine, images: List[str], methods: List[str], k: int = 12, seconds: float = 8.0,
+                    min_queries: int = 40, seed: int = 7) -> dict:
+    """The single-query compute time of the load's query mix, in this process on ``engine``: one query at a
+    time, one thread, image features cached (every reference is encoded once first, untimed). Returns
+    {"ms_per_query", "queries", "cores", "limit_qps"}, where the limit is cores / time per query."""
+    import torch
+
+    from .search import search
+
+    def run(image, text, method):
+        search(engine, image=image, text=text or None, method=method, alpha=0.5, k=k, explain=True,
+               exclude_reference=True)  # as the app's /search asks for it
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        for path in images:  # warm the feature cache as the server's is after its warm-up
+            run(path, "", "image")
+        rng, times = random.Random(seed), []
+        t_end = time.perf_counter() + seconds
+        while len(times) < min_queries or time.perf_counter() < t_end:
+            image, text, method = query_mix(rng, images, methods)
+            t = time.perf_counter()
+            run(image, text, method)
+            times.append(time.perf_counter() - t)
+    finally:
+        torch.set_num_threads(threads)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    ms = 1e3 * sum(times) / len(times)
+    return {"ms_per_query": round(ms, 2), "queries": len(times), "cores": cores,
+            "limit_qps": round(cores / (ms / 1e3), 2)}
 
 
 def run_load(url: str, clients: int, duration: float, pid: Optional[int], images: List[str],
              methods: List[str], k: int = 12, warmup: float = 60.0, sample_every: float = 1.0,
-             out=None) -> dict:
+             out=None, compute: Optional[dict] = None) -> dict:
     """Drive the server for ``warmup`` + ``duration`` seconds and return the summary (also printed).
 
     Throughput and latency count the requests that finished inside the measured window (after the
     warm-up); errors count every failed request, warm-up and the in-flight tail included. Memory is
     sampled from the start; its growth figure covers the measured window."""
     stats = Stats()
+    uploader = ApiClient(url)
+    try:
+        uploaded = [uploader.upload(p) for p in images]  # once, as a browser uploads a chosen photo once
+    finally:
+        uploader.close()
+    images = uploaded
     sampler = MemorySampler(pid, sample_every) if pid else None
     ready = threading.Barrier(clients + 1)  # clients connect first, then all start together
     deadline = Deadline()
@@ -264,6 +374,10 @@ def run_load(url: str, clients: int, duration: float, pid: Optional[int], images
     t0 = time.perf_counter()
     window = (t0 + warmup, t0 + warmup + duration)
     deadline.at = window[1]
+    time.sleep(max(0.0, window[0] - time.perf_counter()))
+    cpu0 = time.process_time()  # the generator's own CPU over the measured window (all its threads)
+    time.sleep(max(0.0, window[1] - time.perf_counter()))
+    gen_cores = (time.process_time() - cpu0) / duration
     for th in threads:
         th.join(timeout=warmup + duration + 120)
     if sampler:
@@ -276,6 +390,10 @@ def run_load(url: str, clients: int, duration: float, pid: Optional[int], images
         "requests_per_s": round(len(lat) / duration, 2),
         "latency_ms": {"p50": round(percentile(lat, 50), 1), "p95": round(percentile(lat, 95), 1),
                        "p99": round(percentile(lat, 99), 1), "max": round(max(lat), 1) if lat else float("nan")},
+        "generator_cpu_cores": round(gen_cores, 3),
+        "compute": compute,
+        "served_limit_ratio": (round(len(lat) / duration / compute["limit_qps"], 3)
+                               if compute and compute.get("limit_qps") else None),
         "server_rss_mb": {k_: round(v, 1) for k_, v in mem.items()},
         "rss_timeline_mb": [(round(t, 1), round(b / 2**20, 1)) for t, b in (sampler.samples if sampler else [])],
         "error_examples": sorted(set(stats.errors))[:5],
@@ -294,6 +412,12 @@ def print_summary(s: dict, warmup: float, out=None) -> None:
     p(f"errors             {s['errors']} (all requests, warm-up included)")
     lat = s["latency_ms"]
     p(f"latency (ms)       p50 {lat['p50']}  p95 {lat['p95']}  p99 {lat['p99']}  max {lat['max']}")
+    c = s.get("compute")
+    if c:
+        p(f"compute limit      {c['limit_qps']} queries/s = {c['cores']} cores / {c['ms_per_query']} ms per query "
+          f"(the same query mix in-process, 1 thread, image features cached, {c['queries']} queries)")
+        p(f"served/limit ratio {s['served_limit_ratio']}")
+    p(f"load generator CPU {s['generator_cpu_cores']} cores over the measured window")
     m = s["server_rss_mb"]
     if s["rss_timeline_mb"]:
         p(f"server RSS (MB)    peak {m['peak_mb']}  measured window: first quarter {m['start_mb']} -> last quarter "
@@ -318,15 +442,27 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--images", default=None, help="folder of reference photos (default: the gallery)")
     p.add_argument("--startup-timeout", type=float, default=900.0, help="seconds to wait for a started server")
     p.add_argument("--json", default=None, help="also write the summary to this JSON file")
+    p.add_argument("--compute-seconds", type=float, default=8.0,
+                   help="seconds of the in-process single-query measurement that gives the compute limit")
+    p.add_argument("--no-compute", action="store_true", help="skip the compute limit (no models loaded here)")
     return p
 
 
-def main(argv=None) -> int:
+def main(argv=None, engine=None) -> int:
+    """``engine``: the engine the compute limit is measured on (default: the app's, loaded here)."""
     args = build_parser().parse_args(argv)
     if args.clients < 1 or args.duration <= 0 or args.warmup < 0:
         raise InputError("--clients must be >= 1, --duration > 0 and --warmup >= 0")
     images = gallery_images(args.images or Settings().gallery)
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    compute = None
+    if not args.no_compute:  # before the load, with the server idle (or not started yet)
+        if engine is None:
+            from .service import load_default_engine
+
+            engine = load_default_engine(Settings())
+        compute = measure_compute(engine, images, methods, k=args.k, seconds=args.compute_seconds)
+        engine = None
     proc = None
     pid = args.pid
     try:
@@ -342,7 +478,8 @@ def main(argv=None) -> int:
             ready_s = wait_ready(url, args.startup_timeout, proc)
             print(f"server             python app.py, ready in {ready_s:.1f} s, RSS at ready "
                   f"{rss_bytes(pid) / 2**20:.0f} MB (log: {log_path.name})")
-        summary = run_load(url, args.clients, args.duration, pid, images, methods, k=args.k, warmup=args.warmup)
+        summary = run_load(url, args.clients, args.duration, pid, images, methods, k=args.k, warmup=args.warmup,
+                           compute=compute)
     finally:
         if proc is not None:
             stop_app(proc)

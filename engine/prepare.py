@@ -176,6 +176,7 @@ _BB: Dict[str, object] = {}
 
 
 SAFETY = 0.5  # plan 50 % of the share: the machine's load can change between the probe and the run
+EVAL_RESERVE = 0.2  # training must end this share of a part's time before its end: evaluation and writing
 
 
 def plan_units(part: str, probe_units, probe_s: float, seconds: float, small: bool) -> tuple:
@@ -234,6 +235,7 @@ def prepare(backbone: str = "auto", out: Optional[os.PathLike] = None, parts: Se
     from .backbones import create_backbone
     from .config import resolve_device
 
+    t_start = time.perf_counter()  # the budget counts from here: loading the backbone is part of it
     parts = [p.strip() for p in parts if p.strip()]
     bad = [p for p in parts if p not in PARTS]
     if bad:
@@ -256,7 +258,7 @@ def prepare(backbone: str = "auto", out: Optional[os.PathLike] = None, parts: Se
     status = status or Status()
     for p in parts:
         status.state[p], status.fraction[p] = "waiting", 0.0
-    deadline = time.perf_counter() + budget_min * 60
+    deadline = t_start + budget_min * 60
     small = device != "cuda" and budget_min < 120
     rows: List[Row] = []
     todo = list(parts)
@@ -341,7 +343,8 @@ def _prepare_part(part, bb, spec, device, out, search, force, sources, small, qu
     status.started[part], status.planned_s[part] = time.perf_counter(), max(seconds - plan["probe_s"], 1.0)
     from .train.budget import train_deadline
 
-    with train_deadline(min(deadline, t_part + seconds)):  # the plan is an estimate; this is the limit
+    # the plan is an estimate; this is the limit, leaving the part's evaluation and writing their share
+    with train_deadline(min(deadline, t_part + seconds) - EVAL_RESERVE * seconds):
         run_s = _run_trainer(module, _argv(part, spec, device, out, run_dir / "run", tuple(plan["units"]), False,
                                            plan["small_mapper"], sources, quiet), quiet)
     target = target_path(part, bb, out)

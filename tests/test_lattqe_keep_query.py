@@ -64,3 +64,21 @@ def test_choose_floor_keeps_the_query_where_neighbours_mislead_and_expands_where
     noise = choose_floor(model, x[va], y_noise, cfg, nqes=(8, 16))
     nb = {float(f): np.mean(v) for f, v in noise["val_map_by_floor"].items()}
     assert nb[noise["weight_floor"]] >= nb[1.0]
+
+
+def test_gallery_side_uses_its_own_floor():
+    from engine.expand.dba import dba_vectors
+    from engine.expand.lattqe import gallery_side
+
+    rng = np.random.default_rng(3)
+    x = _unit(rng.standard_normal((30, 16)))
+    torch.manual_seed(0)
+    model = LAttQEModel(LAttQEConfig(dim=16, layers=1, heads=2, dropout=0.0, weight_floor=1.0,
+                                     dba_weight_floor=0.0)).eval()
+    with gallery_side(model):
+        assert model.config.weight_floor == 0.0
+    assert model.config.weight_floor == 1.0  # restored
+    g = dba_vectors(x, "lattqe", 5, model=model, progress=False)
+    assert not np.allclose(g, x, atol=1e-3)  # the gallery side expands (floor 0) ...
+    q, _ = expand_numpy(model, x[:3], np.stack([x[3:8]] * 3))
+    np.testing.assert_allclose(q, x[:3], atol=1e-6)  # ... while the query side keeps the query (floor 1)

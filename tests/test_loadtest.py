@@ -49,7 +49,7 @@ def test_short_load_run_reports_throughput_latency_and_memory(gallery_engine, la
     try:
         out = tmp_path / "summary.json"
         rc = main(["--url", url, "--pid", str(os.getpid()), "--clients", "2", "--duration", "4", "--warmup", "1",
-                   "--json", str(out)])
+                   "--json", str(out), "--compute-seconds", "1"], engine=gallery_engine)
     finally:
         demo.close()
     printed = capsys.readouterr().out
@@ -60,8 +60,15 @@ def test_short_load_run_reports_throughput_latency_and_memory(gallery_engine, la
     assert 0 < lat["p50"] <= lat["p95"] <= lat["p99"] <= lat["max"]
     assert s["server_rss_mb"]["peak_mb"] > 100  # this process holds torch and the backbone
     assert len(s["rss_timeline_mb"]) >= 3
-    for word in ("requests/s", "p50", "p95", "p99", "errors", "peak"):
+    for word in ("requests/s", "p50", "p95", "p99", "errors", "peak", "compute limit", "load generator CPU"):
         assert word in printed
+    # the compute limit measured in the same run: cores / the mean single-query time of the same mix
+    c = s["compute"]
+    assert c["queries"] >= 40 and c["ms_per_query"] > 0 and c["cores"] >= 1
+    assert c["limit_qps"] == pytest.approx(c["cores"] * 1e3 / c["ms_per_query"], rel=0.02)
+    assert s["served_limit_ratio"] == pytest.approx(s["requests_per_s"] / c["limit_qps"], rel=0.05)
+    assert f"served/limit ratio {s['served_limit_ratio']}" in printed
+    assert 0 <= s["generator_cpu_cores"] < 4
 
 
 def test_a_full_queue_answers_busy_and_the_server_recovers(gallery_engine, launch_demo, monkeypatch):

@@ -3,6 +3,7 @@ development requirements. The subprocess refuses to import any module whose dist
 the dependency closure of requirements.txt, so a dev-only import (spaCy once was one) fails the run."""
 import importlib.metadata as md
 import json
+import os
 import re
 import subprocess
 import sys
@@ -64,8 +65,8 @@ def test_prepare_runs_from_the_runtime_requirements_alone(tmp_path):
     assert "pytest" in blocked and "spacy" not in blocked
     out, empty = tmp_path / "prepared", tmp_path / "empty"
     empty.mkdir()
-    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "CIS_CACHE_DIR": str(tmp_path / "cache"),
-           "CIS_CHECKPOINTS": str(empty), "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "CIS_CACHE_DIR": str(tmp_path / "cache"), "CIS_CHECKPOINTS": str(empty),
+           "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}  # only Python packages are isolated
     proc = subprocess.run([sys.executable, "-c", BLOCKER, ",".join(blocked), "prepare", "--backbone", "tiny",
                            "--out", str(out), "--parts", "context-i2w,rtic", "--budget-min", "2", "--quiet"],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)

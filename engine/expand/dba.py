@@ -67,9 +67,10 @@ def dba_vectors(embeddings: np.ndarray, method: str, k: int, alpha: float = DEFA
         ids_self = np.arange(s, min(s + batch, len(x)))
         sims, ids = knn(x[ids_self], x, k, self_ids=ids_self)
         if method == "lattqe":
-            from .lattqe import expand_numpy
+            from .lattqe import expand_numpy, gallery_side
 
-            out[ids_self] = expand_numpy(model, x[ids_self], x[ids])[0]
+            with gallery_side(model):
+                out[ids_self] = expand_numpy(model, x[ids_self], x[ids])[0]
         else:
             out[ids_self] = expand_batch(method, x[ids_self], x[ids], sims, alpha)
     return out

@@ -24,6 +24,7 @@ another backbone fingerprint with a :class:`~engine.errors.CheckpointError` nami
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 from dataclasses import asdict, dataclass, fields
@@ -54,12 +55,15 @@ class LAttQEConfig:
     positional: bool = True
     trained_max_k: int = 64  # neighbours beyond this rank reuse the last trained position
     weight_floor: Optional[float] = None  # None: raw cosine weights; tau: max(0, cos - tau) / (1 - tau)
+    dba_weight_floor: Optional[float] = None  # the floor when the model expands gallery items (LAttDBA)
 
     def __post_init__(self):
         if self.dim % self.heads:
             raise ValueError(f"embedding size {self.dim} is not divisible by heads={self.heads}")
-        if self.weight_floor is not None and not 0.0 <= float(self.weight_floor) <= 1.0:
-            raise ValueError(f"weight_floor must be between 0 and 1, got {self.weight_floor}")
+        for name in ("weight_floor", "dba_weight_floor"):
+            v = getattr(self, name)
+            if v is not None and not 0.0 <= float(v) <= 1.0:
+                raise ValueError(f"{name} must be between 0 and 1, got {v}")
 
     @classmethod
     def from_dict(cls, d: Dict[str, Any]) -> "LAttQEConfig":
@@ -279,3 +283,26 @@ def validation_shortfall(record: Optional[Dict[str, Any]]) -> Optional[str]:
         return None
     return (f"on its validation queries it scored below no expansion "
             f"(mAP {with_qe:.3f} vs {none:.3f}), so it may make results worse")
+
+
+def keeps_query_note(record: Optional[Dict[str, Any]]) -> Optional[str]:
+    """One plain sentence when the checkpoint's weight floor, chosen on its validation classes, is 1: it then
+    returns every query unchanged. None otherwise."""
+    floor = ((record or {}).get("config") or {}).get("weight_floor")
+    if floor is None or float(floor) < 1.0:
+        return None
+    return ("for this backbone it keeps the query unchanged: no amount of expansion scored above plain search "
+            "on its validation classes")
+
+
+@contextlib.contextmanager
+def gallery_side(model: "LAttQEModel"):
+    """Within the block the model uses its LAttDBA floor (``dba_weight_floor``, chosen on validation apart
+    from the query-side one) when that is set."""
+    saved = model.config.weight_floor
+    if model.config.dba_weight_floor is not None:
+        model.config.weight_floor = model.config.dba_weight_floor
+    try:
+        yield model
+    finally:
+        model.config.weight_floor = saved

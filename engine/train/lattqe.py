@@ -516,9 +516,17 @@ def choose_floor(model: LAttQEModel, val_x: np.ndarray, val_y: Sequence, cfg: Op
         model.config.weight_floor = float(f)
         table[float(f)] = [qe_map("lattqe", vx, vy, k, qids, model=model) for k in ks]
     best = max(table, key=lambda f: (round(float(np.mean(table[f])), 6), f))
-    model.config.weight_floor = best
-    return {"weight_floor": best, "nqe": list(ks), "val_map_none": none,
-            "val_map_by_floor": {str(f): v for f, v in table.items()}}
+    # the gallery side (LAttDBA) gets its own floor, chosen the same way
+    dba = {}
+    for f in grid:
+        model.config.weight_floor, model.config.dba_weight_floor = float(f), None
+        dba[float(f)] = [qe_map("none", vx, vy, k, qids, gallery=dba_vectors(vx, "lattqe", k, model=model,
+                                                                            progress=False)) for k in ks]
+    best_dba = max(dba, key=lambda f: (round(float(np.mean(dba[f])), 6), f))
+    model.config.weight_floor, model.config.dba_weight_floor = best, best_dba
+    return {"weight_floor": best, "dba_weight_floor": best_dba, "nqe": list(ks), "val_map_none": none,
+            "val_map_by_floor": {str(f): v for f, v in table.items()},
+            "val_dba_map_by_floor": {str(f): v for f, v in dba.items()}}
 
 
 # ============================================================================ benchmark
@@ -633,6 +641,9 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("--" + f.name.replace("_", "-"), type=type(f.default), default=f.default)
     p.add_argument("--no-positional", action="store_true", help="ablation: no positional encodings")
     p.add_argument("--no-center", action="store_true", help="ablation: feed raw (uncentred) vectors to the encoder")
+    p.add_argument("--refloor", type=Path, default=None, metavar="CHECKPOINT",
+                   help="no training: choose the weight floors of this LAttQE checkpoint on the validation "
+                        "classes of the data given and write it to --out/--name")
     p.add_argument("--no-keep-query", action="store_true",
                    help="the paper's raw cosine weights (may be negative), no weight floor chosen on validation")
     return p
@@ -684,6 +695,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     print(f"LAttQE: {source}; {tr.sum()} training items ({len(np.unique(y[tr]))} classes), "
           f"{va.sum()} validation items ({len(np.unique(y[va]))} held-out classes), dim {x.shape[1]}")
     t0 = time.time()
+    if args.refloor is not None:
+        return _refloor(args, cfg, fp, x[va], y[va])
     model, history = train_lattqe(x[tr], y[tr], x[va], y[va], cfg, progress=not args.quiet)
     best = max(history, key=lambda h: h["val_map"])
     floor = choose_floor(model, x[va], y[va], cfg) if cfg.keep_query else None
@@ -717,6 +730,25 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                     title=f"mAP vs nQE, held-out {where} classes")
         plot_history(history, args.report / f"{args.name}_training.png")
         print(format_table(res))
+    return 0
+
+
+def _refloor(args, cfg: TrainConfig, fp: str, val_x: np.ndarray, val_y: np.ndarray) -> int:
+    """``--refloor CHECKPOINT``: the weights stay, the floors are chosen again on the validation classes."""
+    from ..config import Settings
+    from ..expand.lattqe import load_lattqe
+
+    model, record = load_lattqe(args.refloor, fingerprint=fp)
+    floor = choose_floor(model, val_x, val_y, cfg)
+    k = min(cfg.val_nqe, len(val_y) - 1)
+    vals = floor["val_map_by_floor"][str(floor["weight_floor"])]
+    keep = {key: v for key, v in record.items() if key not in ("kind", "fingerprint", "embed_dim", "config",
+                                                                "weights", "file")}
+    keep.update(floor_selection=floor, val_map=vals[floor["nqe"].index(k)] if k in floor["nqe"] else vals[-1])
+    out_dir = args.out or Path(Settings().checkpoints)
+    path = save_lattqe(model, out_dir / f"{args.name}.safetensors", fp, keep)
+    print(f"weight floor {floor['weight_floor']:.1f} (query side), {floor['dba_weight_floor']:.1f} (LAttDBA); "
+          f"val mAP {keep['val_map']:.4f} (no QE {floor['val_map_none']:.4f}); checkpoint {path}")
     return 0
 
 

@@ -5,6 +5,7 @@ Download box appears only with a file."""
 from __future__ import annotations
 
 from pathlib import Path
+from urllib.parse import unquote
 
 import pytest
 
@@ -96,6 +97,12 @@ def test_example_click_runs_a_search_and_download_appears_with_a_file(served_dem
     ui.check_ranked(res, 12)
     ref_caption = gallery_engine.index.items[ref_id]["caption"]
     assert ref_caption not in [c for _, _, c in res], (ref_caption, res)  # left out of its own results
+    # the first search after the server started: every thumbnail is served from the index's thumbnails
+    # folder itself (static path, no copy into Gradio's cache that could be missing) and answers 200
+    thumbs = str((Path(gallery_engine.index.folder) / "thumbs").resolve())
+    srcs = page.locator("#results .thumbnail-item img").evaluate_all("els => els.map(e => e.src)")
+    assert len(srcs) == 12 and all(unquote(s).split("file=", 1)[1].startswith(thumbs) for s in srcs), srcs[:2]
+    assert [page.request.get(s).status for s in srcs] == [200] * 12
     page.wait_for_selector("#history tbody tr")  # the rest of the search's chain: history, share link
     assert text in page.locator("#history").inner_text()
     shot(page, "example-ran")

@@ -1,0 +1,66 @@
+#!/usr/bin/env python3
+"""What Gradio's queue alone serves on this machine: the load test against an endpoint with the app's
+``/search`` signature (9 inputs; a gallery of 12 static thumbnails, the explanation, the results JSON and the
+ids as outputs) whose handler computes nothing and returns one precomputed real response.
+
+Its requests/s is the ceiling the real app cannot pass however fast a search is; compare it with
+``python -m engine loadtest`` run at the same time of day (docs/BENCHMARKS.md, *loadtest*). The server runs
+in this process, so the printed generator CPU is the server's and the clients' together.
+
+Usage: ``python tools/queue_floor.py [--clients 20] [--duration 20] [--warmup 5] [--concurrency 2]``
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--clients", type=int, default=20)
+    p.add_argument("--duration", type=float, default=20.0)
+    p.add_argument("--warmup", type=float, default=5.0)
+    p.add_argument("--concurrency", type=int, default=2)
+    args = p.parse_args(argv)
+
+    import gradio as gr
+
+    from demo.formatting import explanation_markdown, gallery_items
+    from demo.ui import allowed_paths
+    from engine.config import Settings
+    from engine.loadtest import free_port, gallery_images, run_load
+    from engine.search import search
+    from engine.service import load_default_engine
+
+    settings = Settings()
+    engine = load_default_engine(settings)
+    first = engine.index.image_path(0)
+    r = search(engine, image=str(first), text="at night", k=12, explain=True, exclude_reference=True)
+    reply = (gallery_items(engine, r), explanation_markdown(r), json.dumps(r.to_json(), indent=2),
+             [x.id for x in r.results])
+    gr.set_static_paths(allowed_paths(engine))
+    with gr.Blocks(analytics_enabled=False) as demo:
+        inputs = [gr.Image(type="filepath"), gr.Textbox(), gr.Textbox(), gr.Number(), gr.Number(), gr.Checkbox(),
+                  gr.Textbox(), gr.Number(), gr.Checkbox()]
+        outputs = [gr.Gallery(), gr.Markdown(), gr.Code(language="json"), gr.State([])]
+        gr.Button().click(lambda *a: reply, inputs, outputs, api_name="search", concurrency_limit=args.concurrency)
+    demo.queue(max_size=64, status_update_rate="auto", api_open=False)
+    port = free_port()
+    demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True,
+                allowed_paths=allowed_paths(engine))
+    try:
+        run_load(f"http://127.0.0.1:{port}/", args.clients, args.duration, os.getpid(),
+                 gallery_images(settings.gallery), ["sum", "image", "text"], warmup=args.warmup)
+    finally:
+        demo.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
