@@ -572,6 +572,8 @@ def test_cli_synthetic_run_writes_checkpoints_and_report(tmp_path):
     assert files == ["rtic-gcn-synthetic.safetensors", "rtic-synthetic.safetensors"]
     _, record = load_checkpoint(tmp_path / "ckpt" / files[0], "synthetic@16-0")
     assert record["variant"] == "rtic+gcn" and record["graph"]["nodes"] == report["train_triplets"]
+    # the sidecar names the split its held-out figures come from (validation for a shipped run)
+    assert record["eval_split"] == "test" and record["held_out"] == report["held_out"]["rtic+gcn"]
 
 
 # ----------------------------------------------------------------------------- faithfulness (issue #18)
