@@ -122,6 +122,7 @@ def test_gallery_picker_sets_the_reference_left_out_of_its_results(served_demo, 
     page = open_page(url, viewport)
     ui.open_accordion(page, "Why these results")
     ui.open_accordion(page, "Pick the reference from the gallery")
+    page.locator("#picker .thumbnail-item").nth(23).wait_for()  # the grid renders after the accordion opens
     assert page.locator("#picker .thumbnail-item").count() == 24  # browsable: the first page ...
     assert "page 1 of " in page.locator("#picker-note").inner_text()
     page.click("#picker-next")
