@@ -165,7 +165,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("source", help="folder or .zip of images; with --runner ray also a .txt list or .parquet/.csv of paths")
     sp.add_argument("--out", required=True, help="index folder")
     _add_backbone(sp)
-    sp.add_argument("--index-type", default="auto", help="auto | flat | hnsw | ivf | ics-16/32/64/128")
+    sp.add_argument("--index-type", default="auto", help="auto | flat | hnsw | ivf | ivfpq | ics-16/32/64/128")
     sp.add_argument("--batch-size", type=int, default=32)
     sp.add_argument("--workers", type=int, default=None)
     sp.add_argument("--dba", default=None, help="database-side augmentation variant: aqe | alpha-qe | lattqe")

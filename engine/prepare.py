@@ -206,7 +206,7 @@ def _held_out(part: str, sidecar: dict) -> str:
             r = sidecar["training"]["held_out"]["pairs"]
             return f"{r['split']} caption->image R@10 {r['recall']['context-i2w']['R@10']:.2f} %"
         if part == "rtic":
-            split = sidecar.get("prepare", {}).get("eval_split", "held-out")
+            split = sidecar.get("eval_split") or sidecar.get("prepare", {}).get("eval_split", "held-out")
             return f"{split} composed R@10 {sidecar['held_out']['R@10']:.2f} %"
         if part == "lattqe":
             return f"val mAP@nQE {sidecar['val_map']:.3f} (no QE {sidecar['val_map_none']:.3f})"
