@@ -140,7 +140,12 @@ class LAttQEModel(nn.Module):
 @torch.no_grad()
 def expand_numpy(model: LAttQEModel, query: np.ndarray, neighbours: np.ndarray, batch: int = 256
                  ) -> Tuple[np.ndarray, np.ndarray]:
-    """Batched inference: query (B, D), neighbours (B, k, D) -> (expanded (B, D), weights (B, k))."""
+    """Batched inference: query (B, D), neighbours (B, k, D) -> (expanded (B, D), weights (B, k)).
+    At weight floor 1 every weight is 0 whatever the encoder says: the query comes back without running it."""
+    if model.config.weight_floor is not None and model.config.weight_floor >= 1.0:
+        q = np.asarray(query, np.float32)
+        q = q / np.maximum(np.linalg.norm(q, axis=-1, keepdims=True), 1e-12)
+        return q, np.zeros(np.asarray(neighbours).shape[:2], np.float32)
     model.eval()
     dev = next(model.parameters()).device
     outs, ws = [], []
@@ -225,6 +230,14 @@ def find_checkpoints(checkpoint_dir, fingerprint: Optional[str] = None, embed_di
 
 # -- the expander ------------------------------------------------------------------------------
 
+def _formula(floor: Optional[float]) -> str:
+    if floor is None:
+        return "q^ = norm(q + sum_i cos(q~, d~_i) d_i)"
+    if floor >= 1.0:
+        return "q^ = q (weight floor 1: no expansion helped on validation, the query is kept)"
+    return f"q^ = norm(q + sum_i w_i d_i), w_i = max(0, cos(q~, d~_i) - {floor:g}) / (1 - {floor:g})"
+
+
 class LAttQEExpander(Expander):
     name, label = "lattqe", "LAttQE (learned attention)"
 
@@ -244,7 +257,7 @@ class LAttQEExpander(Expander):
             explanation={
                 "method": "lattqe",
                 "label": self.label,
-                "formula": "q^ = norm(q + sum_i cos(q~, d~_i) d_i)",
+                "formula": _formula(self.model.config.weight_floor),
                 "query_weight": 1.0,
                 "n": int(nb.shape[0]),
                 "weights": [float(x) for x in w[0]],
