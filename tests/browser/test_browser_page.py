@@ -156,6 +156,7 @@ def test_phone_width_keeps_method_and_captions_readable(served_demo, open_page, 
     ui.open_accordion(page, "Why these results")
     ui.upload_reference(page, "", sorted((GALLERY / "animals").glob("*.jpg"))[0])
     ui.type_text(page, "", "the same but at night")
+    ui.choose(page, "method", "Image + text (weighted sum)")  # the longest method name, whatever the default
     ui.run_search(page)
     ui.check_ranked(ui.results(page), 12)
     # the method's name is shown whole in its dropdown, and its label is on the page
