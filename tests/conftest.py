@@ -55,6 +55,28 @@ def gallery_engine(gallery_index_dir, packaged, tmp_path_factory):
 
 
 @pytest.fixture()
+def noise_index(tmp_path):
+    """A function (backbone, n, size, seed) -> (source folder, index folder): n random-noise PNGs indexed
+    with ``backbone`` under ``tmp_path`` (for tests about index files, not retrieval)."""
+    import numpy as np
+    from PIL import Image
+
+    from engine.index.build import index_source
+
+    def make(backbone, n: int, size: int, seed: int):
+        src = tmp_path / "imgs"
+        src.mkdir()
+        rng = np.random.default_rng(seed)
+        for i in range(n):
+            Image.fromarray(rng.integers(0, 255, (size, size, 3), dtype=np.uint8)).save(src / f"{i:02d}.png")
+        out = tmp_path / "idx"
+        index_source(src, out, backbone, workers=0)
+        return src, out
+
+    return make
+
+
+@pytest.fixture()
 def small_gallery(tmp_path):
     """Eight small real photos from the bundled gallery, copied so tests may change them."""
     import shutil

@@ -257,17 +257,11 @@ def test_evicted_and_expired_sessions_tell_their_owner(gallery_engine, tmp_path,
 
 
 # -- point 3: a damaged index is refused, naming the file --------------------------------------------
-def test_every_index_file_is_checksummed_and_a_mid_file_corruption_is_named(tmp_path, tiny, capsys):
-    from engine.index.build import index_source
+def test_every_index_file_is_checksummed_and_a_mid_file_corruption_is_named(tmp_path, tiny, capsys, noise_index):
     from engine.index.store import GalleryIndex
 
-    src = tmp_path / "imgs"
-    src.mkdir()
-    rng = np.random.default_rng(5)
-    for i in range(40):
-        Image.fromarray(rng.integers(0, 255, (32, 32, 3), dtype=np.uint8)).save(src / f"{i:02d}.png")
-    out = tmp_path / "idx"
-    index_source(src, out, tiny, workers=0)
+    src, out = noise_index(tiny, 40, 32, seed=5)
+    rng = np.random.default_rng(6)  # the corruption's bytes
     version = out / (out / "CURRENT").read_text().strip()
     files = sorted(p for p in version.iterdir() if p.name != "checksums.json")
     assert {"embeddings.npy", "items.jsonl", "meta.json"} <= {p.name for p in files}

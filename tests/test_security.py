@@ -272,25 +272,14 @@ def test_no_api_parameter_reads_a_server_path(app_server, tmp_path):
 
 
 # -- no pickles -------------------------------------------------------------------------------------
-def _small_index(tmp_path, tiny):
-    from engine.index.build import index_source
-
-    src = tmp_path / "imgs"
-    src.mkdir()
-    rng = np.random.default_rng(3)
-    for i in range(3):
-        Image.fromarray(rng.integers(0, 255, (40, 40, 3), dtype=np.uint8)).save(src / f"{i}.png")
-    out = tmp_path / "idx"
-    index_source(src, out, tiny, workers=0)
-    return src, out
 
 
-def test_index_holding_a_pickle_is_refused_without_running_it(tmp_path, tiny):
+def test_index_holding_a_pickle_is_refused_without_running_it(tmp_path, tiny, noise_index):
     from engine.index.build import index_source
     from engine.index.pipeline import cache_folder, read_shards
     from engine.index.store import GalleryIndex
 
-    src, out = _small_index(tmp_path, tiny)
+    src, out = noise_index(tiny, 3, 40, seed=3)
     marker = tmp_path / "pwned"
     _Evil.marker = str(marker)
     version = out / (out / "CURRENT").read_text().strip()
