@@ -386,8 +386,8 @@ def main(argv=None) -> int:
     p.add_argument("--index-types", default="flat,ivf,hnsw,ivfpq")
     p.add_argument("--hnsw-max", type=int, default=200_000, help="largest synthetic gallery to build HNSW for "
                    "(1M takes over 15 min on 2 loaded cores)")
-    p.add_argument("--ivfpq-max", type=int, default=200_000, help="largest synthetic gallery to build IVF-PQ for "
-                   "(1M: 4096 cells, over 5 min on 2 loaded cores)")
+    p.add_argument("--ivfpq-max", type=int, default=1_000_000, help="largest synthetic gallery to build IVF-PQ "
+                   "for (1M: 4096 cells, about 2 min to build on 2 quiet cores)")
     p.add_argument("--hnsw-efc", default="40,80", help="HNSW efConstruction values compared at the smallest size")
     p.add_argument("--hnsw-ef-search", default="16,32,64,128", help="HNSW efSearch values measured")
     p.add_argument("--ics-million-only", action="store_true", help="ics section: only the 1M speed table (a few "
