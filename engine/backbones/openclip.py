@@ -48,8 +48,8 @@ def with_replace_token(tokenizer):
     tok.decoder = {i: t for t, i in tok.encoder.items()}
     specials = [tok.decoder[tokenizer.sot_token_id], tok.decoder[tokenizer.eot_token_id], REPLACE_TOKEN]
     tok.cache = {t: t for t in specials}  # words that used the dropped merge are split afresh
-    tok.pat = regex.compile("|".join(regex.escape(t) for t in specials)
-                            + r"""|'s|'t|'re|'ve|'m|'ll|'d|[\p{L}]+|[\p{N}]|[^\s\p{L}\p{N}]+""", regex.IGNORECASE)
+    # open_clip's own pre-tokeniser, with the new token matched first ('|' must be escaped)
+    tok.pat = regex.compile(regex.escape(REPLACE_TOKEN) + "|" + tokenizer.pat.pattern, tokenizer.pat.flags)
     tok.all_special_ids = [tok.encoder[t] for t in specials]
     return tok
 

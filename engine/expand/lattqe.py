@@ -36,7 +36,7 @@ import torch
 from torch import nn
 
 from ..errors import CheckpointError, InputError
-from .base import EXPANDERS, Expander, ExpanderUnavailable, Expansion
+from .base import EXPANDERS, Expander, ExpanderUnavailable, Expansion, l2n
 from .baselines import check_inputs
 from ..checkpoints import require_backbone, resolve
 from ..fileio import atomic_write_bytes as _atomic_write_bytes
@@ -143,9 +143,7 @@ def expand_numpy(model: LAttQEModel, query: np.ndarray, neighbours: np.ndarray, 
     """Batched inference: query (B, D), neighbours (B, k, D) -> (expanded (B, D), weights (B, k)).
     At weight floor 1 every weight is 0 whatever the encoder says: the query comes back without running it."""
     if model.config.weight_floor is not None and model.config.weight_floor >= 1.0:
-        q = np.asarray(query, np.float32)
-        q = q / np.maximum(np.linalg.norm(q, axis=-1, keepdims=True), 1e-12)
-        return q, np.zeros(np.asarray(neighbours).shape[:2], np.float32)
+        return l2n(query), np.zeros(np.asarray(neighbours).shape[:2], np.float32)
     model.eval()
     dev = next(model.parameters()).device
     outs, ws = [], []

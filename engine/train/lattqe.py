@@ -511,20 +511,22 @@ def choose_floor(model: LAttQEModel, val_x: np.ndarray, val_y: Sequence, cfg: Op
     qids = validation_queries(len(vx), cfg)
     ks = [min(k, len(vx) - 1) for k in nqes]
     none = qe_map("none", vx, vy, ks[0], qids)
-    table = {}
-    for f in grid:
-        model.config.weight_floor = float(f)
-        table[float(f)] = [qe_map("lattqe", vx, vy, k, qids, model=model) for k in ks]
-    best = max(table, key=lambda f: (round(float(np.mean(table[f])), 6), f))
+
+    def by_floor(map_at):  # {floor: [mAP at each k]} and the floor with the best mean (ties: the larger)
+        table = {}
+        for f in grid:
+            model.config.weight_floor, model.config.dba_weight_floor = float(f), None
+            table[float(f)] = [map_at(k) for k in ks]
+        return table, max(table, key=lambda f: (round(float(np.mean(table[f])), 6), f))
+
+    table, best = by_floor(lambda k: qe_map("lattqe", vx, vy, k, qids, model=model))
     # the gallery side (LAttDBA) gets its own floor, chosen the same way
-    dba = {}
-    for f in grid:
-        model.config.weight_floor, model.config.dba_weight_floor = float(f), None
-        dba[float(f)] = [qe_map("none", vx, vy, k, qids, gallery=dba_vectors(vx, "lattqe", k, model=model,
-                                                                            progress=False)) for k in ks]
-    best_dba = max(dba, key=lambda f: (round(float(np.mean(dba[f])), 6), f))
+    dba, best_dba = by_floor(lambda k: qe_map("none", vx, vy, k, qids, gallery=dba_vectors(
+        vx, "lattqe", k, model=model, progress=False)))
     model.config.weight_floor, model.config.dba_weight_floor = best, best_dba
+    k_val = min(cfg.val_nqe, len(vx) - 1)  # the shipped model's validation figure, at the epochs' nQE
     return {"weight_floor": best, "dba_weight_floor": best_dba, "nqe": list(ks), "val_map_none": none,
+            "val_map": table[best][ks.index(k_val)] if k_val in ks else table[best][-1],
             "val_map_by_floor": {str(f): v for f, v in table.items()},
             "val_dba_map_by_floor": {str(f): v for f, v in dba.items()}}
 
@@ -703,9 +705,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from ..config import Settings
 
     out_dir = args.out or Path(Settings().checkpoints)
-    if floor is not None:  # the validation figure of the model as shipped (floor chosen), at val_nqe
-        k, vals = min(cfg.val_nqe, len(y[va]) - 1), floor["val_map_by_floor"][str(floor["weight_floor"])]
-        best = {**best, "val_map": vals[floor["nqe"].index(k)] if k in floor["nqe"] else vals[-1]}
+    if floor is not None:  # the validation figure of the model as shipped (floor chosen)
+        best = {**best, "val_map": floor["val_map"]}
     extra = {"train": asdict(cfg), "data": source, "best_epoch": best["epoch"], "val_map": best["val_map"],
              "floor_selection": floor,
              "val_map_none": best["val_map_none"], "val_map_aqe": best["val_map_aqe"],
@@ -740,11 +741,9 @@ def _refloor(args, cfg: TrainConfig, fp: str, val_x: np.ndarray, val_y: np.ndarr
 
     model, record = load_lattqe(args.refloor, fingerprint=fp)
     floor = choose_floor(model, val_x, val_y, cfg)
-    k = min(cfg.val_nqe, len(val_y) - 1)
-    vals = floor["val_map_by_floor"][str(floor["weight_floor"])]
     keep = {key: v for key, v in record.items() if key not in ("kind", "fingerprint", "embed_dim", "config",
                                                                 "weights", "file")}
-    keep.update(floor_selection=floor, val_map=vals[floor["nqe"].index(k)] if k in floor["nqe"] else vals[-1])
+    keep.update(floor_selection=floor, val_map=floor["val_map"])
     out_dir = args.out or Path(Settings().checkpoints)
     path = save_lattqe(model, out_dir / f"{args.name}.safetensors", fp, keep)
     print(f"weight floor {floor['weight_floor']:.1f} (query side), {floor['dba_weight_floor']:.1f} (LAttDBA); "
