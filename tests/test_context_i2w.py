@@ -211,6 +211,44 @@ def test_training_lowers_loss_and_beats_the_untrained_mapper(tiny_b, crops, tmp_
     assert len(hist2) == 31 and hist2[:30] == hist
 
 
+def test_global_dropout_opens_the_gate_and_select_best_keeps_the_best_epoch(tiny_b, crops):
+    """Without help the gate stays near 0 (the global branch alone fits the loss); dropping the global
+    branch for a share of rows makes the local branch carry the image, so |tanh(gate)| grows. With
+    held-out pairs the trainer ends with the weights of its best epoch by their R@10."""
+    from engine.train.context_i2w import TrainConfig, evaluate_pairs, prepare_features, train_mapper
+
+    train, val = crops
+    ftr = prepare_features(tiny_b, train, progress=False)
+    fva = prepare_features(tiny_b, val, progress=False)
+    gates = {}
+    for p in (0.0, 0.5):
+        torch.manual_seed(0)
+        m = _mapper(tiny_b)
+        hist = train_mapper(tiny_b, m, ftr, TrainConfig(epochs=8, batch_size=16, lr=1e-3, warmup_steps=5,
+                                                        global_dropout=p, gate_init=0.1),
+                            progress=False, val_feats=fva)
+        gates[p] = abs(m.gate_value())
+        best = max(range(len(hist)), key=lambda i: (hist[i]["val_R@10"], i))
+        assert hist[-1]["best_epoch"] == hist[best]["epoch"]
+        assert evaluate_pairs(tiny_b, m, fva)["context-i2w"]["R@10"] == pytest.approx(hist[best]["val_R@10"])
+    assert gates[0.5] > gates[0.0] and gates[0.5] > 0.1, gates
+
+
+def test_recoloured_pairs_name_the_new_colour(monkeypatch):
+    from engine.data import cir_triplets
+    from engine.data.cir_triplets import Triplet
+    from engine.train.context_i2w import load_pairs
+
+    rows = [Triplet("a", "ref.png", "make it blue", ["hammer__blue.png"],
+                    {"kind": "recolour", "attribute": "blue", "reference_caption": "hammer, a tool"}),
+            Triplet("b", "ref.png", "make it blue", ["hammer__blue.png"],  # the same target again
+                    {"kind": "recolour", "attribute": "blue", "reference_caption": "hammer, a tool"}),
+            Triplet("c", "x.png", "as a woman", ["y.png"], {"kind": "gender", "reference_caption": "man"})]
+    monkeypatch.setattr(cir_triplets, "load_offline_cir", lambda split: rows)
+    pairs = load_pairs("recoloured", "train")
+    assert [(p.path.name, p.caption) for p in pairs] == [("hammer__blue.png", "blue hammer, a tool")]
+
+
 def test_evaluate_context_i2w_against_baselines(tiny_a, crops):
     from engine.train.context_i2w import evaluate_context_i2w, image_features
 
@@ -218,7 +256,9 @@ def test_evaluate_context_i2w_against_baselines(tiny_a, crops):
     imgs = [str(p.path) for p in train[:21]]  # 3 photos x 7 crops
     trip = [{"reference": imgs[i], "text": "another view", "targets": [imgs[i + 1]]} for i in range(0, 20, 2)]
     res = evaluate_context_i2w(tiny_a, _mapper(tiny_a), trip, gallery=imgs, progress=False)
-    assert set(res) == {"context-i2w", "image", "text", "sum"}
+    assert set(res) == {"context-i2w", "image", "text", "sum", "context-i2w (local branch off)",
+                        "context-i2w (image removed)"}
+    assert res["context-i2w (local branch off)"] == res["context-i2w"]  # a fresh mapper's gate is 0
     # image-only recall recomputed independently: rank of the target with the reference removed
     emb, _ = image_features(tiny_a, [Path(p) for p in imgs], progress=False)
     hits = 0

@@ -12,7 +12,7 @@ import hashlib
 import importlib
 import logging
 from pathlib import Path
-from typing import List, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -21,6 +21,7 @@ from PIL import Image
 
 from ..errors import EngineError
 from .base import Backbone, TextEncoding
+from .concepts import ConceptWeights, concept_prompts, concept_scores, mix
 
 log = logging.getLogger(__name__)
 
@@ -50,10 +51,16 @@ def imagenet_class_names() -> List[str]:
     return list(_IMAGENET_CATEGORIES)
 
 
+# The concept weighting of the shipped backbone version; chosen on the validation split of the offline CIR
+# set by `python -m engine eval concepts` (docs/backbones.md).
+DEFAULT_CONCEPTS = ConceptWeights(classes=1.0, object_colour=0.5, scene_colour=0.0, light=0.25, sigma=8.0)
+
+
 class PackagedBackbone(Backbone):
     placeholder = "*"
 
-    def __init__(self, variant: str = "lite0", device: str = "cpu", temperature: float = 1.0, top_k: int = 0):
+    def __init__(self, variant: str = "lite0", device: str = "cpu", temperature: float = 1.0, top_k: int = 0,
+                 concepts: Optional[ConceptWeights] = None):
         if variant not in VARIANTS:
             raise EngineError(f"unknown packaged variant {variant!r}; choose one of {', '.join(VARIANTS)}")
         pkg, cls_name, size = VARIANTS[variant]
@@ -85,7 +92,10 @@ class PackagedBackbone(Backbone):
         for p in list(self.vision.parameters()) + list(self.text.parameters()):
             p.requires_grad_(False)
         self.name = f"packaged:efficientnet-{variant}+all-MiniLM-L6-v2"
+        self.concepts = DEFAULT_CONCEPTS if concepts is None else concepts
         self._fp = f"{self.name}@{_file_hash([weights, text_dir / 'model.safetensors'])}"
+        if self.concepts.any:  # a new backbone version: indexes and checkpoints of the old one do not match
+            self._fp += f"+concepts-{hashlib.sha256(self.concepts.tag().encode()).hexdigest()[:8]}"
         self.embed_dim = int(self.text.config.hidden_size)
         self.token_dim = self.embed_dim
         self.vision_width = int(self.vision._fc.in_features)
@@ -93,7 +103,8 @@ class PackagedBackbone(Backbone):
         self.logit_scale = 100.0
         self.placeholder_id = self.tokenizer.convert_tokens_to_ids(self.placeholder)
         self.class_names = imagenet_class_names()
-        self.class_text = self._class_text_embeddings()  # (1000, D), normalised
+        self.class_text = self._text_table(CLASS_PROMPT, [CLASS_PROMPT.format(n) for n in self.class_names])
+        self.concept_text = self._text_table("concepts", concept_prompts())  # (C, D), normalised
         mean = torch.tensor(LITE_MEAN).view(3, 1, 1)
         std = torch.tensor(LITE_STD).view(3, 1, 1)
         self._mean, self._std = mean, std
@@ -103,20 +114,21 @@ class PackagedBackbone(Backbone):
     def fingerprint(self) -> str:
         return self._fp
 
-    def _class_text_embeddings(self) -> torch.Tensor:
+    def _text_table(self, tag: str, prompts: List[str]) -> torch.Tensor:
+        """Unit-length text embeddings of ``prompts``, cached on disk per text encoder and prompt list."""
         from ..config import cache_dir
 
-        key = hashlib.sha256((self._fp + CLASS_PROMPT).encode()).hexdigest()[:16]
-        path = cache_dir() / "packaged" / f"classtext-{key}.npy"
+        text_fp = self._fp.split("+concepts-")[0]
+        key = hashlib.sha256((text_fp + tag + "\n".join(prompts)).encode()).hexdigest()[:16]
+        path = cache_dir() / "packaged" / f"text-{key}.npy"
         if path.exists():
             try:
                 arr = np.load(path, allow_pickle=False)
-                if arr.shape == (1000, self.embed_dim):
+                if arr.shape == (len(prompts), self.embed_dim):
                     return torch.from_numpy(arr).to(self.device)
             except (OSError, ValueError):
                 pass
-        prompts = [CLASS_PROMPT.format(n) for n in self.class_names]
-        embs = torch.cat([self.encode_texts(prompts[i : i + 250]).embeddings for i in range(0, 1000, 250)])
+        embs = torch.cat([self.encode_texts(prompts[i : i + 250]).embeddings for i in range(0, len(prompts), 250)])
         path.parent.mkdir(parents=True, exist_ok=True)
         from ..fileio import atomic_save_npy
 
@@ -147,9 +159,19 @@ class PackagedBackbone(Backbone):
             probs = torch.zeros_like(probs).scatter_(1, idx, vals)
         return probs, fmap
 
-    def encode_images_with_tokens(self, pixels):
+    def image_parts(self, pixels: torch.Tensor) -> Tuple[torch.Tensor, Dict[str, torch.Tensor], torch.Tensor]:
+        """(unit-length class mixture (B, D), colour/light concept scores, feature map)."""
         probs, fmap = self.class_probabilities(pixels)
-        emb = F.normalize(probs @ self.class_text, dim=-1)
+        class_part = F.normalize(probs @ self.class_text, dim=-1)
+        scores = {}
+        if self.concepts.any:
+            rgb = pixels.to(self.device) * self._std.to(self.device) + self._mean.to(self.device)
+            scores = concept_scores(rgb, sigma=self.concepts.sigma)
+        return class_part, scores, fmap
+
+    def encode_images_with_tokens(self, pixels):
+        class_part, scores, fmap = self.image_parts(pixels)
+        emb = mix(class_part, scores, self.concept_text, self.concepts) if scores else class_part
         patches = fmap.flatten(2).transpose(1, 2)  # (B, h*w, C)
         tokens = torch.cat([fmap.mean(dim=(2, 3)).unsqueeze(1), patches], dim=1)
         return emb, tokens

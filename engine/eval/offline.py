@@ -26,6 +26,7 @@ KS = (1, 5, 10, 50)
 # name -> "module:function(args, ctx) -> (markdown, data)" for sections other parts provide
 EXTRA_SECTIONS = {
     "query-expansion": "engine.expand.evaluate:offline_section",
+    "backbone-versions": "engine.eval.concepts:offline_section",
 }
 
 

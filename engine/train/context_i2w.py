@@ -122,8 +122,30 @@ def read_pair_folder(folder: Path) -> List[Pair]:
     return out
 
 
+def recoloured_pairs(split: str = "train") -> List[Pair]:
+    """The offline CIR set's recoloured images with a caption that names the new colour
+    ("blue hammer, a tool"): the colour edits are images the captions set does not hold."""
+    from ..data.cir_triplets import load_offline_cir
+
+    out, seen = [], set()
+    for t in load_offline_cir(split):
+        cap = t.meta.get("reference_caption")
+        if t.meta.get("kind") != "recolour" or not cap:
+            continue
+        for target in t.targets:
+            if target not in seen:
+                seen.add(target)
+                out.append(Pair(Path(target), f"{t.meta['attribute']} {cap}"))
+    return out
+
+
 def load_pairs(spec: str, split: str = "train", image_root: Optional[str] = None) -> List[Pair]:
-    """``captions`` (offline set, one split), a pair file, or a CC3M-style folder."""
+    """``captions`` (offline set, one split), ``recoloured`` (the offline CIR set's colour edits), several
+    of these joined by ``+``, a pair file, or a CC3M-style folder."""
+    if "+" in spec and not Path(spec).exists():
+        return [p for part in spec.split("+") for p in load_pairs(part, split, image_root)]
+    if spec == "recoloured":
+        return recoloured_pairs(split)
     if spec == "captions":
         from ..data import formats
         from ..data.builders import ensure_built
@@ -284,6 +306,9 @@ class TrainConfig:
     seed: int = 0
     grad_clip: float = 1.0
     amp: bool = True  # only used on CUDA
+    global_dropout: float = 0.0  # see pseudo_prompt_embeddings
+    cosine_weight: float = 0.0  # + this * mean(1 - cos(prompt embedding, image embedding)) (a direct fit)
+    gate_init: float = 0.0  # tanh(gate) at the start (the paper's code starts at 0)
 
 
 def contrastive_loss(image: torch.Tensor, text: torch.Tensor, scale: float) -> torch.Tensor:
@@ -302,9 +327,18 @@ def _batch(feats: PairFeatures, idx: np.ndarray, device: str):
 
 
 def pseudo_prompt_embeddings(backbone, mapper: ContextI2WMapper, tokens: torch.Tensor, context: torch.Tensor,
-                             prompt: Optional[str] = None) -> torch.Tensor:
-    """L2-normalised text embeddings of ``prompt`` (default: the training prompt) with each row's S*."""
-    s = mapper(context, tokens)
+                             prompt: Optional[str] = None, global_dropout: float = 0.0) -> torch.Tensor:
+    """L2-normalised text embeddings of ``prompt`` (default: the training prompt) with each row's S*.
+
+    ``global_dropout`` (training only): the share of rows whose global branch is dropped, so S* comes
+    from the local branch alone for them; the local branch then has to carry the image, which keeps the
+    gate from settling at 0 (the global branch alone already fits the contrastive loss)."""
+    if global_dropout > 0:
+        g, loc = mapper.parts(context, tokens)
+        keep = (torch.rand(g.shape[0], 1, device=g.device) >= global_dropout).to(g.dtype)
+        s = keep * g + torch.tanh(mapper.gate) * loc
+    else:
+        s = mapper(context, tokens)
     prompt = prompt or build_prompt(mapper.config, None)
     return backbone.encode_texts_with_pseudo([prompt] * s.shape[0], s.float())
 
@@ -338,8 +372,11 @@ def _atomic_torch_save(obj, path: Path) -> None:
 def train_mapper(backbone, mapper: ContextI2WMapper, feats: PairFeatures, cfg: TrainConfig,
                  out: Optional[Path] = None, run_dir: Optional[Path] = None, resume: bool = False,
                  progress: bool = True, half: bool = False, extra: Optional[dict] = None,
-                 max_steps: Optional[int] = None) -> List[dict]:
+                 max_steps: Optional[int] = None, val_feats: Optional["PairFeatures"] = None) -> List[dict]:
     """Trains ``mapper`` in place; returns the history (one dict per epoch: loss, lr, seconds).
+
+    ``val_feats``: held-out pairs; after every epoch their pseudo-word R@10 is recorded, and the mapper
+    ends with the weights of the best epoch by it (ties: the later epoch).
 
     ``out``: checkpoint file written every epoch. ``run_dir``: ``state.pt`` (mapper, optimiser,
     scheduler, epoch, history) for ``resume``. The backbone stays frozen: only the mapper's
@@ -380,7 +417,11 @@ def train_mapper(backbone, mapper: ContextI2WMapper, feats: PairFeatures, cfg: T
         sched.load_state_dict(st["scheduler"])
         start_epoch, step, history = int(st["epoch"]), int(st["step"]), list(st["history"])
         rng = np.random.default_rng(cfg.seed + start_epoch)
+    elif cfg.gate_init:
+        with torch.no_grad():
+            mapper.gate.fill_(math.atanh(cfg.gate_init))
     scale = float(backbone.logit_scale)
+    best = None
     for epoch in range(start_epoch, cfg.epochs):
         if max_steps is not None and step >= max_steps:
             break
@@ -392,8 +433,10 @@ def train_mapper(backbone, mapper: ContextI2WMapper, feats: PairFeatures, cfg: T
                 break
             emb, tok, ctx = _batch(feats, order[b * bs:(b + 1) * bs], device)
             with torch.autocast("cuda", dtype=amp_dtype, enabled=use_amp):
-                txt = pseudo_prompt_embeddings(backbone, mapper, tok, ctx)
+                txt = pseudo_prompt_embeddings(backbone, mapper, tok, ctx, global_dropout=cfg.global_dropout)
                 loss = contrastive_loss(emb, txt.float(), scale)
+                if cfg.cosine_weight:
+                    loss = loss + cfg.cosine_weight * (1 - (emb * txt.float()).sum(-1)).mean()
             opt.zero_grad(set_to_none=True)
             scaler.scale(loss).backward()
             if cfg.grad_clip:
@@ -411,6 +454,11 @@ def train_mapper(backbone, mapper: ContextI2WMapper, feats: PairFeatures, cfg: T
         rec = {"epoch": epoch + 1, "step": step, "loss": float(np.mean(losses)) if losses else float("nan"),
                "lr": float(sched.get_last_lr()[0]), "seconds": round(time.time() - t0, 2),
                "gate": mapper.gate_value()}
+        if val_feats is not None and len(val_feats):
+            rec["val_R@10"] = evaluate_pairs(backbone, mapper, val_feats)["context-i2w"]["R@10"]
+            if best is None or rec["val_R@10"] >= best[0]:
+                best = (rec["val_R@10"], epoch + 1, {k: v.detach().clone() for k, v in mapper.state_dict().items()})
+            mapper.train()
         history.append(rec)
         if out is not None:
             save_checkpoint(out, mapper.eval(), backbone, {"training": {"history": history, **(extra or {})}},
@@ -423,6 +471,9 @@ def train_mapper(backbone, mapper: ContextI2WMapper, feats: PairFeatures, cfg: T
                                 "config": json.dumps(asdict(mapper.config), sort_keys=True)}, state_path)
         if not another_epoch_fits(time.time() - t0):
             break  # the time limit of `prepare`: the checkpoint holds the epochs done
+    if best is not None:
+        mapper.load_state_dict(best[2])
+        history[-1]["best_epoch"] = best[1]  # the weights kept
     mapper.eval()
     return history
 
@@ -470,8 +521,10 @@ def evaluate_pairs(backbone, mapper: ContextI2WMapper, feats: PairFeatures, ks: 
 
 def evaluate_context_i2w(backbone, mapper: ContextI2WMapper, triplets: Sequence[dict],
                          gallery: Optional[Sequence[str]] = None, ks: Sequence[int] = (1, 5, 10),
-                         alpha: float = 0.5, progress: bool = True) -> Dict[str, Dict[str, float]]:
-    """Composed retrieval R@K of Context-I2W and the image-only, text-only and sum baselines.
+                         alpha: float = 0.5, progress: bool = True,
+                         ablations: bool = True) -> Dict[str, Dict[str, float]]:
+    """Composed retrieval R@K of Context-I2W and the image-only, text-only and sum baselines; with
+    ``ablations`` also Context-I2W with its local branch off and with the image removed.
 
     ``triplets``: dicts with ``reference`` (image path), ``text`` and ``targets`` (list of image paths)
     or ``target``. ``gallery``: image paths searched (default: every reference and target). The
@@ -500,7 +553,18 @@ def evaluate_context_i2w(backbone, mapper: ContextI2WMapper, triplets: Sequence[
     g_emb, _ = image_features(backbone, [Path(p) for p in gallery], progress=progress)
     r_emb, r_tok = image_features(backbone, [Path(p) for p in refs], progress=progress)
     rpos = {p: i for i, p in enumerate(refs)}
+    import copy
+
     composers = {"context-i2w": ContextI2WComposer(backbone, mapper.eval())}
+    if ablations:
+        # the local branch switched off (gate 0), and the image removed (every query gets the mean visual
+        # tokens of the references, so S* carries nothing of its own image)
+        no_local = copy.deepcopy(mapper).eval()
+        with torch.no_grad():
+            no_local.gate.zero_()
+        composers["context-i2w (local branch off)"] = ContextI2WComposer(backbone, no_local)
+        composers["context-i2w (image removed)"] = ContextI2WComposer(backbone, mapper.eval())
+        mean_tok = torch.from_numpy(np.asarray(r_tok, dtype=np.float32).mean(0))
     for name in ("image", "text", "sum"):
         composers[name] = COMPOSERS.get(name)(backbone)
     vecs = {name: [] for name in composers}
@@ -509,7 +573,11 @@ def evaluate_context_i2w(backbone, mapper: ContextI2WMapper, triplets: Sequence[
         query = Query(text=str(t["text"]), image_embedding=torch.from_numpy(np.array(r_emb[r])),
                       image_tokens=torch.from_numpy(np.array(r_tok[r])).float(), has_image=True, alpha=alpha)
         for name, comp in composers.items():
-            vecs[name].append(comp.compose(query).vector)
+            q = query
+            if name == "context-i2w (image removed)":
+                q = Query(text=query.text, image_embedding=query.image_embedding, image_tokens=mean_tok,
+                          has_image=True, alpha=alpha)
+            vecs[name].append(comp.compose(q).vector)
     targets = [[pos[p] for p in targets_of(t) if p in pos] for t in triplets]
     exclude = [pos.get(str(t["reference"]), -1) for t in triplets]
     return {name: _recall(np.stack(v) @ np.asarray(g_emb).T, targets, ks, exclude) for name, v in vecs.items()}
@@ -592,7 +660,8 @@ def bench_section(args=None, ctx=None, n: int = 20) -> Tuple[str, dict]:
 def _parser() -> argparse.ArgumentParser:
     d, t = ContextI2WConfig(vision_width=1, token_dim=1, context_dim=1), TrainConfig()
     ap = argparse.ArgumentParser(prog="python -m engine train context-i2w", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--data", default="captions", help="'captions' (offline set), a CSV/TSV/JSONL file or a CC3M-style folder")
+    ap.add_argument("--data", default="captions", help="'captions' (offline set), 'recoloured' (the offline CIR set's colour edits), "
+                    "'captions+recoloured', a CSV/TSV/JSONL file or a CC3M-style folder")
     ap.add_argument("--image-root", default=None, help="folder that relative image paths in a pair file start from")
     ap.add_argument("--split", default="train", help="captions: training split")
     ap.add_argument("--val-split", default="val", help="captions: held-out split ('' = none)")
@@ -619,6 +688,13 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--warmup-steps", type=int, default=t.warmup_steps)
     ap.add_argument("--seed", type=int, default=t.seed)
     ap.add_argument("--no-amp", action="store_true")
+    ap.add_argument("--global-dropout", type=float, default=t.global_dropout,
+                    help="share of training rows whose S* comes from the local branch alone (keeps the gate open)")
+    ap.add_argument("--cosine-weight", type=float, default=t.cosine_weight,
+                    help="add this times mean(1 - cos) between prompt and image embeddings to the loss")
+    ap.add_argument("--select-best", action="store_true",
+                    help="end with the epoch whose held-out pseudo-word R@10 is best (evaluated every epoch)")
+    ap.add_argument("--gate-init", type=float, default=t.gate_init, help="tanh(gate) at the start of training")
     ap.add_argument("--eval-cir", default="test", help="also evaluate on this split of the offline 'cir' set ('' = no)")
     ap.add_argument("--eval-only", action="store_true", help="evaluate the checkpoint at --out/--name, no training")
     ap.add_argument("--report", default=None, help="write history + held-out numbers to this JSON file")
@@ -676,6 +752,10 @@ def evaluate_cir(backbone, mapper: ContextI2WMapper, split: str = "test", progre
     return out
 
 
+def _offline(spec: str) -> bool:
+    return all(part in ("captions", "recoloured") for part in spec.split("+"))
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     from ..backbones.factory import create_backbone
     from ..config import Settings
@@ -705,13 +785,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     val: List[Pair] = []
     if args.eval_only:
-        if args.data == "captions" and args.val_split:
+        if _offline(args.data) and args.val_split:
             val = load_pairs("captions", args.val_split)
-        elif args.data != "captions" and args.val_fraction > 0:
+        elif not _offline(args.data) and args.val_fraction > 0:
             val = split_pairs(load_pairs(args.data, args.split, args.image_root), args.val_fraction, args.seed)[1]
     elif args.epochs > 0 or not args.checkpoint:
         train = load_pairs(args.data, args.split, args.image_root)
-        if args.data == "captions":
+        if _offline(args.data):
             val = load_pairs("captions", args.val_split) if args.val_split else []
         elif args.val_fraction > 0:
             train, val = split_pairs(train, args.val_fraction, args.seed)
@@ -724,11 +804,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "train_images.txt").write_text("\n".join(feats.paths) + "\n", encoding="utf-8")
         print(f"training pairs: {len(feats)} (skipped, no subject: {feats.skipped_no_subject})", file=sys.stderr)
+        if not 0.0 <= args.global_dropout < 1.0 or not -1.0 < args.gate_init < 1.0:
+            raise InputError("--global-dropout must be in [0, 1) and --gate-init in (-1, 1)")
         cfg = TrainConfig(args.epochs, args.batch_size, args.lr, args.weight_decay, args.warmup_steps, args.seed,
-                          amp=not args.no_amp)
+                          amp=not args.no_amp, global_dropout=args.global_dropout, gate_init=args.gate_init,
+                          cosine_weight=args.cosine_weight)
         record["train_config"] = asdict(cfg)
+        vsel = prepare_features(backbone, val, progress=progress) if (args.select_best and val) else None
         history = train_mapper(backbone, mapper, feats, cfg, out=out, run_dir=run_dir, resume=args.resume,
-                               progress=progress, half=args.half, extra=record)
+                               progress=progress, half=args.half, extra=record, val_feats=vsel)
         record["history"] = history
     results: Dict[str, object] = {}
     if val:
