@@ -7,6 +7,7 @@ from typing import Optional
 
 import gradio as gr
 
+from engine.batching import batch_texts
 from engine.config import Settings
 from engine.search import SearchEngine
 from engine.service import SESSIONS, drop_session_engine, load_default_engine
@@ -259,6 +260,9 @@ def build_demo(settings: Optional[Settings] = None, engine: Optional[SearchEngin
     # Please try again." and API clients get HTTP 503 "Queue is full" instead of an ever longer wait.
     demo.queue(max_size=max(1, settings.queue_max), default_concurrency_limit=max(1, settings.concurrency),
                status_update_rate="auto", api_open=False)
+    # concurrent searches (page, Gradio API, POST /api/search) encode their texts in shared forward passes
+    if settings.text_batch > 1:  # CIS_TEXT_BATCH=1: every search encodes its own text
+        batch_texts(engine.backbone, settings.text_batch)
     SESSIONS.start_janitor(engine.settings)  # sweeps session folders left by an earlier server, then periodically
     # The gallery and its thumbnails are served from where they are (static paths): results, examples and
     # the picker then cost no hash-and-copy into Gradio's cache per image and request, and no cached copy
