@@ -152,9 +152,10 @@ def build_demo(settings: Optional[Settings] = None, engine: Optional[SearchEngin
     engine = engine or load_default_engine(settings)
     # uploads and generated files in Gradio's cache are deleted after an hour (checked every hour)
     # Every kind of search (button, Enter, an example, a history rerun, the own-photos tab) shares one pool of
-    # CIS_CONCURRENCY workers: a search is CPU-bound and the server holds Python's interpreter lock for much of
-    # it, so more searches at once than the machine has cores only adds contention (docs/BENCHMARKS.md,
-    # loadtest); separate per-event limits would add up to several times that.
+    # CIS_CONCURRENCY workers (separate per-event limits would add up to several times it). Default 8 on 2
+    # cores, measured (docs/deploy.md, "Load test"): searches running together share text forward passes
+    # (engine/batching.py), so 8 served more than 4 (21-27 against 18-21 requests/s at 20 clients) for about
+    # 90 MB more memory.
     searches = {"concurrency_id": "search", "concurrency_limit": max(1, settings.concurrency)}
     with gr.Blocks(title=TITLE, delete_cache=(3600, 3600), analytics_enabled=False) as demo:
         gr.Markdown(f"# {TITLE}\n{INTRO}")

@@ -47,7 +47,7 @@ class Settings:
     server_name: str = field(default_factory=lambda: _env("GRADIO_SERVER_NAME", "127.0.0.1"))
     server_port: int = field(default_factory=lambda: int(_env("GRADIO_SERVER_PORT", "7860")))
     queue_max: int = field(default_factory=lambda: int(_env("CIS_QUEUE_MAX", "64")))
-    concurrency: int = field(default_factory=lambda: int(_env("CIS_CONCURRENCY", "4")))
+    concurrency: int = field(default_factory=lambda: int(_env("CIS_CONCURRENCY", "8")))
     api_workers: int = field(default_factory=lambda: int(_env("CIS_API_WORKERS", "16")))
     text_batch: int = field(default_factory=lambda: int(_env("CIS_TEXT_BATCH", "16")))
     # background prepare of a running app (engine/background.py)
