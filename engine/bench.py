@@ -349,7 +349,9 @@ def section_loadtest(args, ctx):
           f"measured in the same run, in the load generator's process before the load, one thread, image features "
           f"cached), the load generator under half a core. The same server is loaded through `POST /api/search` "
           f"(the JSON route for programs) and then through `/search` in Gradio's queue (what the page and "
-          f"`gradio_client` use); docs/deploy.md, *Load test*, says which client should use which.\n\n"
+          f"`gradio_client` use); docs/deploy.md, *Load test*, says which client should use which. The compute "
+          f"limit is for queries one at a time; served searches share batched text encodes "
+          f"(`engine/batching.py`), so a ratio above 1 is possible.\n\n"
           f"Output of `{cmd}`:\n\n```\n{text}\n```")
     routes = summary.get("routes", {})
     if routes:

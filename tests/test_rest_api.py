@@ -114,7 +114,18 @@ def test_concurrent_requests_each_get_their_own_results(app_url, app_engine):
         _same(r.json(), search(app_engine, **_engine_kwargs(q)))
 
 
+def _png(w: int, h: int) -> str:
+    import io
+
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new("RGB", (w, h), "red").save(buf, "PNG")
+    return base64.b64encode(buf.getvalue()).decode()
+
+
 @pytest.mark.parametrize("body, status, words", [
+    ({"image": _png(4000, 1), "text": "a cat"}, 400, "longer than 20 times"),  # the upload checks apply
     ({"text": "x" * 1001}, 400, "the limit is 1000"),
     ({"text": "a cat", "method": "nope"}, 400, "unknown method"),
     ({"image": "gallery:99999"}, 400, "does not exist"),

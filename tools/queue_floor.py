@@ -4,8 +4,8 @@
 ids as outputs) whose handler computes nothing and returns one precomputed real response.
 
 Its requests/s is the ceiling the real app cannot pass however fast a search is; compare it with
-``python -m engine loadtest`` run at the same time of day (docs/BENCHMARKS.md, *loadtest*). The server runs
-in this process, so the printed generator CPU is the server's and the clients' together.
+``python -m engine loadtest`` run at the same time of day (docs/deploy.md, *Which route for which client*).
+The server runs in this process, so the printed generator CPU is the server's and the clients' together.
 
 Usage: ``python tools/queue_floor.py [--clients 20] [--duration 20] [--warmup 5] [--concurrency 2]``
 """
