@@ -1,8 +1,9 @@
 """Micro-batching of text encodes across concurrent searches.
 
-A transformer encodes 8 short texts in one forward pass for little more than the cost of 2 (measured on
-the packaged backbone on CPU: 12.9 ms for one text, 3.6–4.4 ms per text at batch 8; docs/BENCHMARKS.md,
-*loadtest*), while an image encoder on CPU does not gain from batching. A server that runs several searches
+A transformer encodes 8 short texts in one forward pass for about twice the cost of one (the packaged
+backbone on CPU, one thread: 4.2x less per text at batch 8, 5.7x at batch 16; ``python -m engine bench
+--only text-batch``, docs/BENCHMARKS.md, *text-batch*), while an image encoder on CPU does not gain from
+batching. A server that runs several searches
 at once therefore sends their texts through one :class:`TextBatcher`:
 
 * the first caller while no encode runs encodes at once (no timer, no added latency when idle);
@@ -130,3 +131,49 @@ def batch_texts(backbone: Backbone, max_batch: int = DEFAULT_MAX_BATCH) -> TextB
     batcher = TextBatcher(backbone.encode_texts, max_batch)
     backbone.encode_texts = batcher
     return batcher
+
+
+def bench_section(args=None, ctx=None) -> tuple:
+    """`python -m engine bench --only text-batch`: the live backbone's text encoder, ms per text by batch size
+    (one thread, as one server worker runs it), the figure the micro-batcher is built on."""
+    import time
+    from pathlib import Path
+
+    from .loadtest import TEXTS
+
+    if ctx and ctx.get("engine") is not None:
+        backbone = ctx["engine"].backbone
+    else:
+        from .backbones import create_backbone
+        from .config import Settings
+
+        s = Settings()
+        backbone = create_backbone(s.backbone, s.device, settings=s)
+    encode = backbone.encode_texts
+    encode = getattr(encode, "encode", encode)  # the unbatched encoder even where a batcher is installed
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    rows = []
+    try:
+        for size in (1, 2, 4, 8, 16):
+            texts = [TEXTS[i % len(TEXTS)] for i in range(size)]
+            encode(texts)
+            times = []
+            for _ in range(15):
+                t = time.perf_counter()
+                encode(texts)
+                times.append(time.perf_counter() - t)
+            ms = 1e3 * sorted(times)[len(times) // 2]
+            rows.append((size, ms, ms / size))
+    finally:
+        torch.set_num_threads(threads)
+    try:
+        load = Path("/proc/loadavg").read_text().split()[0]
+    except OSError:
+        load = "?"
+    one = rows[0][2]
+    md = [f"Text encoder of `{backbone.name}`, one thread, median of 15 forward passes per batch size (texts from "
+          f"the load test's mix; load average {load}):", "", "| batch | ms per batch | ms per text | speed-up per text |",
+          "|---|---|---|---|"]
+    md += [f"| {b} | {ms:.2f} | {per:.2f} | {one / per:.1f}x |" for b, ms, per in rows]
+    return "\n".join(md), {"rows": [{"batch": b, "ms": ms, "ms_per_text": per} for b, ms, per in rows], "load": load}

@@ -27,6 +27,7 @@ EXTRA_SECTIONS: Dict[str, str] = {
     "context-i2w": "engine.train.context_i2w:bench_section",
     "integrity": "engine.index.store:bench_section",
     "prepare-cost": "engine.prepare:bench_section",
+    "text-batch": "engine.batching:bench_section",
 }
 
 
