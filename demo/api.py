@@ -12,7 +12,8 @@ Request body (JSON object; only ``text`` or ``image`` is required)::
      "method": "sum", "alpha": 0.5, "k": 12, "expand": "none", "nqe": 64, "negative_text": null,
      "keep_reference": false, "explain": true}
 
-Errors are one plain sentence: ``{"error": "..."}`` with HTTP 400 (bad input), 503 (busy) or 500.
+Errors are one plain sentence: ``{"error": "..."}`` with HTTP 400 (bad input), 413 (a body over the image
+limit, refused before it is read in full), 503 (busy) or 500.
 """
 from __future__ import annotations
 
@@ -92,8 +93,26 @@ def search_route(engine: SearchEngine, settings: Optional[Settings] = None, work
         resp = search(engine, **search_kwargs(payload, settings))
         return json.dumps(resp.to_json()).encode()
 
+    max_body = int(settings.max_upload_mb * 1e6) * 4 // 3 + 64_000  # a base64 image at the limit + the fields
+
+    async def read_body(request: Request) -> Optional[bytes]:
+        """The body, or None once it passes ``max_body`` (read no further: a huge body never sits in memory)."""
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > max_body:
+            return None
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > max_body:
+                return None
+            chunks.append(chunk)
+        return b"".join(chunks)
+
     async def endpoint(request: Request):
-        body = await request.body()
+        body = await read_body(request)
+        if body is None:
+            return error(413, f"the request is over {max_body / 1e6:.1f} MB; images are limited to "
+                              f"{settings.max_upload_mb:g} MB")
         with lock:
             if state["in"] >= waiting_max:
                 return error(503, BUSY)

@@ -26,8 +26,8 @@ def app_url(tmp_path_factory):
 
     from engine.loadtest import free_port, spawn_app, stop_app, wait_ready
 
-    old = {k: os.environ.get(k) for k in ("CIS_BACKBONE", "CIS_PREPARE")}
-    os.environ.update(CIS_BACKBONE="packaged", CIS_PREPARE="off")
+    old = {k: os.environ.get(k) for k in ("CIS_BACKBONE", "CIS_PREPARE", "CIS_MAX_UPLOAD_MB")}
+    os.environ.update(CIS_BACKBONE="packaged", CIS_PREPARE="off", CIS_MAX_UPLOAD_MB="1")
     port = free_port()
     proc = spawn_app(port, tmp_path_factory.mktemp("app") / "server.log")
     try:
@@ -142,6 +142,30 @@ def test_bad_requests_get_one_plain_sentence(app_url, body, status, words):
     assert words in msg and "\n" not in msg and "/" not in msg.replace("base64", "")
     r = httpx.post(f"{app_url}/api/search", content=b"{not json", headers={"Content-Type": "application/json"})
     assert r.status_code == 400 and r.json()["error"] == "the request body is not valid JSON"
+
+
+def test_a_body_over_the_image_limit_is_refused_before_it_is_read(app_url):
+    """CIS_MAX_UPLOAD_MB=1 on this server: a 2 MB image (declared, or streamed without a length) gets 413."""
+    import socket
+
+    big = {"image": base64.b64encode(b"\xff" * 2_000_000).decode(), "text": "a cat"}
+    r = httpx.post(f"{app_url}/api/search", json=big, timeout=60)
+    assert r.status_code == 413 and "images are limited to 1 MB" in r.json()["error"]
+
+    def chunks():  # no Content-Length: the server counts what it reads
+        yield b'{"image": "'
+        for _ in range(30):
+            yield b"A" * 100_000
+        yield b'"}'
+
+    r = httpx.post(f"{app_url}/api/search", content=chunks(), headers={"Content-Type": "application/json"},
+                   timeout=60)
+    assert r.status_code == 413
+    host, port = app_url.split("//")[1].split(":")
+    with socket.create_connection((host, int(port)), timeout=30) as s:  # a huge declared length: refused at once
+        s.sendall(f"POST /api/search HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+                  f"Content-Length: {10**10}\r\n\r\n{{".encode())
+        assert s.recv(100).startswith(b"HTTP/1.1 413")
 
 
 def test_the_page_and_gradio_api_are_still_served(app_url):
