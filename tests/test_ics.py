@@ -14,7 +14,7 @@ from engine.index.ics import (ICSConfig, code_distance, hadamard, hash_centres, 
                               neg_log_likelihood, neighbour_loss, pack_bits, save_ics, unpack_signs)
 from engine.index.ics_baselines import ITQHasher, LSHHasher
 from engine.train.ics import pgd_weights, project_simplex, train_ics, weight_objective
-from engine.index.ics_index import CompactBinaryIndex, LSHIndex, candidate_recall, make_ics_index
+from engine.index.ics_index import CompactBinaryIndex, HammingScan, LSHIndex, candidate_recall, make_ics_index
 from engine.index.vectors import VECTOR_INDEXES, create_vector_index
 
 torch.set_num_threads(1)
@@ -371,12 +371,43 @@ def test_fast_rerank_equals_the_numpy_gather_and_blas_path():
     np.testing.assert_array_equal(idx.gather_f32(rows), idx.vectors16[rows].astype(np.float32))
     for row in q:
         scores, ids = idx.search(row[None], 10)
-        cand = idx.index.search(model.encode(row[None]), 300)[1][0]
-        cand = cand[cand >= 0]
+        cand = idx.candidates(row[None], 300)[0]
         s = idx.vectors16[cand].astype(np.float32) @ row
         top = np.argsort(-s, kind="stable")[:10]
         np.testing.assert_array_equal(ids[0], cand[top])
         np.testing.assert_allclose(scores[0], s[top], rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("bits", [16, 32, 64, 128])
+def test_hamming_scan_equals_a_stable_sort_of_all_distances(bits):
+    """The numpy scan returns the r nearest codes by Hamming distance, ties to the lower id, nearest first, on
+    one thread or split over two, and the same distances as FAISS's exhaustive binary scan."""
+    import faiss
+
+    rng = np.random.default_rng(bits)
+    codes = rng.integers(0, 256, (70_000, bits // 8), dtype=np.uint8)
+    codes[35_000:] = codes[:35_000]  # every code twice: ties at every distance
+    flat = faiss.IndexBinaryFlat(bits)
+    flat.add(codes)
+    scans = [HammingScan(codes, bits, threads=t) for t in (1, 2)]
+    assert [s.threads for s in scans] == [1, 2]
+    for _ in range(4):
+        q = rng.integers(0, 256, bits // 8, dtype=np.uint8)
+        dist = np.unpackbits(codes ^ q, axis=1).sum(1)
+        for r in (1, 10, 1000, len(codes) + 5):
+            want = np.argsort(dist, kind="stable")[:r]
+            for scan in scans:
+                np.testing.assert_array_equal(scan.search(q, r), want)
+        np.testing.assert_array_equal(dist[scans[0].search(q, 1000)], flat.search(q[None], 1000)[0][0])
+    assert len(HammingScan(codes[:0], bits).search(codes[0], 10)) == 0
+
+
+def test_query_codes_of_the_small_batch_head_equal_the_module_outputs():
+    model, x = _small_model(dim=16, bits=16)
+    full = pack_bits(model.outputs(x) >= 0)
+    np.testing.assert_array_equal(np.concatenate([model.encode(row[None]) for row in x]), full)
+    np.testing.assert_array_equal(model.encode(x[:16]), full[:16])
+    np.testing.assert_array_equal(model._small_outputs(x[:3]), model.outputs(x[:3]))
 
 
 def test_small_gallery_and_bad_queries():
@@ -387,6 +418,8 @@ def test_small_gallery_and_bad_queries():
     assert ids.shape == (2, 8) and (ids[:, 5:] == -1).all() and ids[0, 0] == 0
     with pytest.raises(InputError):
         idx.search(np.zeros((1, 7), np.float32), 3)
+    with pytest.raises(InputError, match="threads"):
+        LSHIndex(32, bits=16, threads=0)
 
 
 def test_registered_ics_types_need_a_matching_checkpoint(tmp_path):
