@@ -399,6 +399,12 @@ def test_hamming_scan_equals_a_stable_sort_of_all_distances(bits):
             for scan in scans:
                 np.testing.assert_array_equal(scan.search(q, r), want)
         np.testing.assert_array_equal(dist[scans[0].search(q, 1000)], flat.search(q[None], 1000)[0][0])
+    # every sampled code equals the query: the sampled threshold (0) keeps too few and the shards are rescanned
+    codes[::max(1, len(codes) // HammingScan.SAMPLE)] = codes[1]
+    dist = np.unpackbits(codes ^ codes[1], axis=1).sum(1)
+    want = np.argsort(dist, kind="stable")[:6000]
+    for threads in (1, 2):
+        np.testing.assert_array_equal(HammingScan(codes, bits, threads).search(codes[1], 6000), want)
     assert len(HammingScan(codes[:0], bits).search(codes[0], 10)) == 0
 
 

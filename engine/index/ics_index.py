@@ -48,7 +48,7 @@ def _faiss():
     return faiss
 
 
-SCAN_CHUNK = 1 << 15  # codes per xor/popcount step: the chunk, its xor and its distances stay in L2
+SCAN_CHUNK = 1 << 16  # codes per xor/popcount step: the chunk, its xor and its distances stay in L2
 _POOLS: dict = {}
 
 
@@ -70,14 +70,14 @@ def smallest(d: np.ndarray, r: int, top: int, mask: Optional[np.ndarray] = None)
     if r >= n:
         return np.argsort(d, kind="stable")
     m = np.empty(n, bool) if mask is None else mask[:n]
-    sample = np.sort(d[::max(1, n // 16384)], kind="stable")  # a radix sort for uint8
+    sample = np.sort(d[::max(1, n // 4096)], kind="stable")  # a radix sort for uint8
     t = int(sample[min(len(sample) - 1, 2 * r * len(sample) // n)])
     while True:
         np.less_equal(d, t, out=m)
-        if t >= top or np.count_nonzero(m) >= r:
+        ids = np.flatnonzero(m)
+        if len(ids) >= r or t >= top:
             break
         t += 1
-    ids = np.flatnonzero(m)
     return ids[np.argsort(d[ids], kind="stable")[:r]]
 
 
@@ -85,13 +85,19 @@ class HammingScan:
     """Exhaustive Hamming top-r over packed binary codes (N, B bytes), in numpy.
 
     Per chunk of :data:`SCAN_CHUNK` codes the codes are xor-ed with the query code as 64-bit words (32, 16
-    or 8 bits when B is not a multiple of 8) and counted with ``np.bitwise_count`` (a vector popcount),
-    one uint8 distance per item; :func:`smallest` then picks the r nearest. Ties go to the lower ids and
-    the result is ordered by (distance, id), so it is the set and order of a stable sort of all distances.
+    or 8 bits when B is not a multiple of 8) and counted with ``np.bitwise_count`` (a vector popcount), one
+    uint8 distance per item, and the chunk's items within a threshold ``t`` are kept while the chunk is in
+    cache. ``t`` is the distance of the about-3r-th nearest of a fixed strided sample of 4,096 codes, so it
+    usually keeps a few r items; when it keeps fewer than r the shard is scanned again keeping every
+    distance (:func:`smallest`). The kept items are sorted: ties go to the lower ids and the result is
+    ordered by (distance, id), the set and order of a stable sort of all distances.
 
     ``threads`` > 1 splits the codes into that many contiguous shards scanned at once (numpy releases the
     GIL inside these loops; the calling thread takes the first shard) and merges the shards' top r.
     Scratch buffers are per calling thread, so concurrent searches are safe."""
+
+    SAMPLE = 4096
+    MIN_SHARD = 1 << 15
 
     def __init__(self, codes: np.ndarray, bits: int, threads: int = 1):
         codes = np.ascontiguousarray(codes, dtype=np.uint8)
@@ -102,7 +108,8 @@ class HammingScan:
         if self.words.shape[1] == 1:
             self.words = self.words[:, 0]
         self.bits, self.n = int(bits), len(codes)
-        self.threads = max(1, min(int(threads), max(1, self.n // SCAN_CHUNK)))
+        self.sample = self.words[::max(1, self.n // self.SAMPLE)].copy()
+        self.threads = max(1, min(int(threads), self.n // self.MIN_SHARD))  # a thread per >= 32k codes
         bounds = np.linspace(0, self.n, self.threads + 1).astype(int)
         self.shards = list(zip(bounds[:-1], bounds[1:]))
         self._local = threading.local()
@@ -111,40 +118,65 @@ class HammingScan:
         b = getattr(self._local, "buffers", None)
         if b is None:
             shape = (SCAN_CHUNK,) + self.words.shape[1:]
-            b = self._local.buffers = {
-                "d": np.empty(self.n, np.uint8), "mask": np.empty(self.n, bool),
-                "xor": [np.empty(shape, self.word) for _ in self.shards],
-                "count": [np.empty(shape, np.uint8) for _ in self.shards] if len(shape) > 1 else None}
+            b = self._local.buffers = [{
+                "xor": np.empty(shape, self.word), "count": np.empty(shape, np.uint8) if len(shape) > 1 else None,
+                "d": np.empty(SCAN_CHUNK, np.uint8), "mask": np.empty(SCAN_CHUNK, bool)} for _ in self.shards]
         return b
 
-    def _shard(self, s: int, qword: np.ndarray, r: int, b: dict) -> np.ndarray:
+    def _distances(self, words: np.ndarray, qword: np.ndarray, b: dict, out: np.ndarray) -> np.ndarray:
+        """Hamming distances of ``words`` (at most SCAN_CHUNK codes) to the query, written to ``out``."""
+        x = b["xor"][:len(words)]
+        np.bitwise_xor(words, qword, out=x)
+        if b["count"] is None:
+            return np.bitwise_count(x, out=out)
+        c = b["count"][:len(words)]
+        np.bitwise_count(x, out=c)
+        return np.add.reduce(c, axis=1, out=out)
+
+    def _threshold(self, qword: np.ndarray, r: int, m: int) -> int:
+        x = self.sample ^ qword
+        d = np.bitwise_count(x) if x.ndim == 1 else np.bitwise_count(x).sum(1)
+        d = np.sort(d, kind="stable")  # a radix sort for small integers
+        return int(d[min(len(d) - 1, 3 * r * len(d) // max(1, m))])
+
+    def _shard(self, s: int, qword: np.ndarray, r: int, b: dict):
+        """(ids, distances) of the shard's r nearest codes, nearest first, ties by id."""
         lo, hi = self.shards[s]
-        d, x = b["d"], b["xor"][s]
+        r = min(r, hi - lo)
+        t = self._threshold(qword, r, hi - lo)
+        ids, dist = [], []
         for a in range(lo, hi, SCAN_CHUNK):
             e = min(a + SCAN_CHUNK, hi)
-            np.bitwise_xor(self.words[a:e], qword, out=x[:e - a])
-            if b["count"] is None:
-                np.bitwise_count(x[:e - a], out=d[a:e])
-            else:
-                c = b["count"][s][:e - a]
-                np.bitwise_count(x[:e - a], out=c)
-                np.add.reduce(c, axis=1, out=d[a:e])
-        return smallest(d[lo:hi], r, self.bits, b["mask"][lo:hi]) + lo
+            d = self._distances(self.words[a:e], qword, b, b["d"][:e - a])
+            hit = np.flatnonzero(np.less_equal(d, t, out=b["mask"][:e - a]))
+            if len(hit):
+                ids.append(hit + a)
+                dist.append(d[hit])
+        ids = np.concatenate(ids) if ids else np.zeros(0, np.int64)
+        if len(ids) < r:  # the sampled threshold kept too few: keep every distance of the shard
+            d = np.empty(hi - lo, np.uint8)
+            for a in range(lo, hi, SCAN_CHUNK):
+                self._distances(self.words[a:min(a + SCAN_CHUNK, hi)], qword, b, d[a - lo:a - lo + SCAN_CHUNK])
+            ids = smallest(d, r, self.bits)
+            return ids + lo, d[ids]
+        dist = np.concatenate(dist)
+        order = np.argsort(dist, kind="stable")[:r]
+        return ids[order], dist[order]
 
     def search(self, qcode: np.ndarray, r: int) -> np.ndarray:
         """ids of the ``min(r, N)`` codes nearest to one packed query code (B,) uint8, nearest first."""
-        if self.n == 0:
+        if self.n == 0 or r < 1:
             return np.zeros(0, np.int64)
         qword = np.ascontiguousarray(qcode, dtype=np.uint8).reshape(-1).view(self.word)
         qword = qword[0] if self.words.ndim == 1 else qword
         b = self._scratch()
         if len(self.shards) == 1:
-            return self._shard(0, qword, r, b)
+            return self._shard(0, qword, r, b[0])[0]
         pool = _pool(len(self.shards) - 1)
-        futures = [pool.submit(self._shard, s, qword, r, b) for s in range(1, len(self.shards))]
-        parts = [self._shard(0, qword, r, b)] + [f.result() for f in futures]
-        ids = np.concatenate(parts)  # shard order = id order: a stable sort by distance keeps ties by id
-        return ids[np.argsort(b["d"][ids], kind="stable")[:r]]
+        futures = [pool.submit(self._shard, s, qword, r, b[s]) for s in range(1, len(self.shards))]
+        parts = [self._shard(0, qword, r, b[0])] + [f.result() for f in futures]
+        ids = np.concatenate([p[0] for p in parts])  # shard order = id order: a stable sort keeps ties by id
+        return ids[np.argsort(np.concatenate([p[1] for p in parts]), kind="stable")[:r]]
 
 
 class CompactBinaryIndex(VectorIndex):
