@@ -408,6 +408,29 @@ def test_hamming_scan_equals_a_stable_sort_of_all_distances(bits):
     assert len(HammingScan(codes[:0], bits).search(codes[0], 10)) == 0
 
 
+def test_binary_ivf_structure_probes_cells_and_reranks():
+    x = _clustered()
+    q = x[:50] + 0.05 * np.random.default_rng(1).normal(size=(50, 32)).astype(np.float32)
+    exact = np.argsort(-(q @ x.T), axis=1)[:, :10]
+    idx = LSHIndex(32, bits=64, rerank=300, binary_index="ivf", nlist=16, nprobe=16)  # every cell: exhaustive
+    idx.build(x)
+    flat = LSHIndex(32, bits=64, rerank=300)
+    flat.build(x)
+    assert idx.describe()["binary_index"] == "ivf" and idx.index.nlist == 16 and idx.scan is None
+    qc = idx.hasher.encode(q)
+
+    def dist(ids):  # Hamming distances of the candidates (which of equally near codes is kept may differ)
+        return np.sort([np.unpackbits(idx.codes[row] ^ c, axis=1).sum(1) for row, c in zip(ids, qc)], 1)
+
+    np.testing.assert_array_equal(dist(idx.candidates(q, 300)), dist(flat.candidates(q, 300)))
+    idx.index.nprobe = 4
+    _, ids = idx.search(q, 10)
+    recall = np.mean([len(set(a) & set(b)) / 10 for a, b in zip(ids, exact)])
+    assert 0.5 <= recall <= 1, recall
+    with pytest.raises(InputError, match="ivf"):
+        LSHIndex(32, bits=64, binary_index="ivf2")
+
+
 def test_query_codes_of_the_small_batch_head_equal_the_module_outputs():
     model, x = _small_model(dim=16, bits=16)
     full = pack_bits(model.outputs(x) >= 0)
@@ -531,6 +554,9 @@ def test_bench_tables_on_small_data():
     lim = mil["limits"]
     assert lim["limit_ms"] == lim["scan_ms"] + lim["rerank_ms"] and all(lim[k] > 0 for k in ("scan_ms", "rerank_old_ms"))
     assert "**design limit** (scan + re-rank)" in md and "target <= 3.0 ms" in md
+    ivf = mil["ivf"]  # the binary IVF variant: nprobe chosen on validation queries, then timed on the test ones
+    assert [c["nprobe"] for c in ivf["validation"]] == [4, 8, 16, 32, 64] and ivf["nprobe"] in (4, 8, 16, 32, 64)
+    assert 0 < ivf["recall@10"] <= 1 and ivf["ms"] > 0 and "binary IVF (" in md and "(chosen)" in md
 
 
 def test_ics_bench_million_only_keeps_the_previous_tables(tmp_path):

@@ -11,7 +11,8 @@ another backbone. :class:`LSHIndex` (random projections, untrained) is the same 
 hasher, kept for comparisons (docs, benchmark) and not offered as a product index type.
 
 Candidate structure: an exhaustive Hamming scan up to ``FLAT_MAX`` items, ``IndexBinaryHNSW`` above
-(option ``binary_index`` forces one: ``flat``, ``hnsw`` or ``mih`` for ``IndexBinaryMultiHash``). The flat
+(option ``binary_index`` forces one: ``flat``, ``hnsw``, ``mih`` for ``IndexBinaryMultiHash`` or ``ivf``
+for ``IndexBinaryIVF``, which scans only the ``nprobe`` cells nearest the query code). The flat
 scan is :class:`HammingScan` (numpy xor + vector popcount per cache-sized chunk, then a threshold
 selection of the top R; option ``threads`` splits it over cores), which returns the same candidates as
 FAISS's ``IndexBinaryFlat`` (kept as ``index`` for the other structures and for comparison) in about half
@@ -179,6 +180,11 @@ class HammingScan:
         return ids[np.argsort(np.concatenate([p[1] for p in parts]), kind="stable")[:r]]
 
 
+def ivf_nlist(n: int) -> int:
+    """Cells of the binary IVF structure for ``n`` codes: the power of two nearest sqrt(n) (1,024 at 1M)."""
+    return int(2 ** round(np.log2(max(1.0, np.sqrt(max(n, 1))))))
+
+
 class CompactBinaryIndex(VectorIndex):
     """Binary codes + float16 re-rank vectors behind the :class:`VectorIndex` interface."""
 
@@ -189,8 +195,8 @@ class CompactBinaryIndex(VectorIndex):
             raise InputError(f"the {hasher.name} hasher expects {hasher.dim}-d vectors, the index has {dim}-d")
         if int(rerank) < 1:
             raise InputError(f"rerank (candidates re-ranked in float) must be >= 1, got {rerank}")
-        if binary_index not in ("auto", "flat", "hnsw", "mih"):
-            raise InputError(f"binary_index must be auto, flat, hnsw or mih, got {binary_index!r}")
+        if binary_index not in ("auto", "flat", "hnsw", "mih", "ivf"):
+            raise InputError(f"binary_index must be auto, flat, hnsw, mih or ivf, got {binary_index!r}")
         threads = options.get("threads", 1)
         if not isinstance(threads, int) or threads < 1:
             raise InputError(f"threads (cores the Hamming scan is split over) must be an integer >= 1, got {threads!r}")
@@ -223,9 +229,28 @@ class CompactBinaryIndex(VectorIndex):
             nhash = int(self.options.get("nhash", max(1, self.bits // 16)))
             index = faiss.IndexBinaryMultiHash(self.bits, nhash, self.bits // nhash)
             index.nflip = int(self.options.get("nflip", 2))
+        elif self.structure == "ivf":
+            return self._make_ivf(codes)
         else:
             index = faiss.IndexBinaryFlat(self.bits)
         if len(codes):
+            index.add(np.ascontiguousarray(codes))
+        return index
+
+    def _make_ivf(self, codes: np.ndarray):
+        """``IndexBinaryIVF``: k-means cells of codes (Hamming k-means, trained on up to 100 codes per cell);
+        a search scans the ``nprobe`` cells nearest to the query code instead of every code. Options:
+        ``nlist`` (default: the power of two nearest sqrt(N), 1,024 at 1M) and ``nprobe`` (default 16)."""
+        faiss = _faiss()
+        n = len(codes)
+        nlist = int(self.options.get("nlist", 0)) or ivf_nlist(n)
+        nlist = max(1, min(nlist, n // 39 if n >= 39 else 1))  # FAISS wants >= 39 training codes per cell
+        self._quantizer = faiss.IndexBinaryFlat(self.bits)  # held here: the IVF index does not own it
+        index = faiss.IndexBinaryIVF(self._quantizer, self.bits, nlist)
+        index.nprobe = int(self.options.get("nprobe", 16))
+        if n:
+            train = codes if n <= 100 * nlist else codes[np.random.default_rng(0).choice(n, 100 * nlist, replace=False)]
+            index.train(np.ascontiguousarray(train))
             index.add(np.ascontiguousarray(codes))
         return index
 
