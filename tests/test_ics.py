@@ -555,7 +555,8 @@ def test_bench_tables_on_small_data():
     assert lim["limit_ms"] == lim["scan_ms"] + lim["rerank_ms"] and all(lim[k] > 0 for k in ("scan_ms", "rerank_old_ms"))
     assert "**design limit** (scan + re-rank)" in md and "target <= 3.0 ms" in md
     ivf = mil["ivf"]  # the binary IVF variant: nprobe chosen on validation queries, then timed on the test ones
-    assert [c["nprobe"] for c in ivf["validation"]] == [4, 8, 16, 32, 64] and ivf["nprobe"] in (4, 8, 16, 32, 64)
+    assert [(c["rerank"], c["nprobe"]) for c in ivf["validation"]] == [(r, p) for r in (100, 150) for p in (8, 16, 32, 64)]
+    assert ivf["nprobe"] in (8, 16, 32, 64) and ivf["rerank"] in (100, 150)
     assert 0 < ivf["recall@10"] <= 1 and ivf["ms"] > 0 and "binary IVF (" in md and "(chosen)" in md
 
 
