@@ -7,6 +7,7 @@ from typing import Optional
 
 import gradio as gr
 
+from engine.batching import batch_texts
 from engine.config import Settings
 from engine.search import SearchEngine
 from engine.service import SESSIONS, drop_session_engine, load_default_engine
@@ -151,9 +152,10 @@ def build_demo(settings: Optional[Settings] = None, engine: Optional[SearchEngin
     engine = engine or load_default_engine(settings)
     # uploads and generated files in Gradio's cache are deleted after an hour (checked every hour)
     # Every kind of search (button, Enter, an example, a history rerun, the own-photos tab) shares one pool of
-    # CIS_CONCURRENCY workers: a search is CPU-bound and the server holds Python's interpreter lock for much of
-    # it, so more searches at once than the machine has cores only adds contention (docs/BENCHMARKS.md,
-    # loadtest); separate per-event limits would add up to several times that.
+    # CIS_CONCURRENCY workers (separate per-event limits would add up to several times it). Default 8 on 2
+    # cores, measured (docs/deploy.md, "Load test"): searches running together share text forward passes
+    # (engine/batching.py), so 8 served more than 4 (21-27 against 18-21 requests/s at 20 clients) for about
+    # 90 MB more memory.
     searches = {"concurrency_id": "search", "concurrency_limit": max(1, settings.concurrency)}
     with gr.Blocks(title=TITLE, delete_cache=(3600, 3600), analytics_enabled=False) as demo:
         gr.Markdown(f"# {TITLE}\n{INTRO}")
@@ -259,6 +261,9 @@ def build_demo(settings: Optional[Settings] = None, engine: Optional[SearchEngin
     # Please try again." and API clients get HTTP 503 "Queue is full" instead of an ever longer wait.
     demo.queue(max_size=max(1, settings.queue_max), default_concurrency_limit=max(1, settings.concurrency),
                status_update_rate="auto", api_open=False)
+    # concurrent searches (page, Gradio API, POST /api/search) encode their texts in shared forward passes
+    if settings.text_batch > 1:  # CIS_TEXT_BATCH=1: every search encodes its own text
+        batch_texts(engine.backbone, settings.text_batch)
     SESSIONS.start_janitor(engine.settings)  # sweeps session folders left by an earlier server, then periodically
     # The gallery and its thumbnails are served from where they are (static paths): results, examples and
     # the picker then cost no hash-and-copy into Gradio's cache per image and request, and no cached copy

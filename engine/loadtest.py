@@ -21,6 +21,7 @@ tool, not a traffic generator.
 from __future__ import annotations
 
 import argparse
+import base64
 import http.client
 import ipaddress
 import json
@@ -269,6 +270,13 @@ class ApiClient:
                 return json.loads(payload)
         raise RuntimeError(f"no result in the event stream (HTTP {status})")
 
+    def post_json(self, path: str, payload: dict) -> dict:
+        """POST a JSON body (the REST route ``/api/search``); returns the decoded reply or raises."""
+        status, body = self._request("POST", path, json.dumps(payload).encode(), {"Content-Type": "application/json"})
+        if status != 200:
+            raise RuntimeError(f"HTTP {status}: {body[:160].decode(errors='replace')}")
+        return json.loads(body)
+
 
 def query_mix(rng: random.Random, images: List, methods: List[str]):
     """One query of the mix: (reference or None, text, method). A quarter text only, a tenth image only,
@@ -283,8 +291,8 @@ def query_mix(rng: random.Random, images: List, methods: List[str]):
     return image, text, method
 
 
-def client_loop(url: str, deadline: Deadline, stats: Stats, images: List[dict], methods: List[str], k: int,
-                seed: int, ready: threading.Barrier) -> None:
+def client_loop(url: str, deadline: Deadline, stats: Stats, images: List, methods: List[str], k: int,
+                seed: int, ready: threading.Barrier, route: str = "gradio") -> None:
     rng = random.Random(seed)
     client = ApiClient(url)
     try:
@@ -295,8 +303,12 @@ def client_loop(url: str, deadline: Deadline, stats: Stats, images: List[dict], 
         image, text, method = query_mix(rng, images, methods)
         t = time.perf_counter()
         try:
-            out = client.call("search", [image, text, method, 0.5, k, False, "none", 64, True])
-            raw = json.loads(out[2]) if isinstance(out, list) and len(out) > 2 and out[2] else None
+            if route == "rest":  # the same arguments as the page's search: explanation on, reference left out
+                raw = client.post_json("/api/search", {"image": image, "text": text, "method": method, "alpha": 0.5,
+                                                       "k": k, "expand": "none", "nqe": 64, "explain": True})
+            else:
+                out = client.call("search", [image, text, method, 0.5, k, False, "none", 64, True])
+                raw = json.loads(out[2]) if isinstance(out, list) and len(out) > 2 and out[2] else None
             if raw is None or len(raw.get("results", [])) == 0:
                 raise RuntimeError("empty result list")
             stats.ok(time.perf_counter() - t)
@@ -338,28 +350,44 @@ def measure_compute(engine, images: List[str], methods: List[str], k: int = 12, 
             "limit_qps": round(cores / (ms / 1e3), 2)}
 
 
+def load_average() -> str:
+    """The 1-minute load average from /proc (other jobs on the machine), or '?' where there is none."""
+    try:
+        return Path("/proc/loadavg").read_text().split()[0]
+    except (OSError, IndexError):
+        return "?"
+
+
+ROUTES = {"rest": "POST /api/search (JSON, thread pool)", "gradio": "/search through Gradio's queue"}
+
+
 def run_load(url: str, clients: int, duration: float, pid: Optional[int], images: List[str],
              methods: List[str], k: int = 12, warmup: float = 60.0, sample_every: float = 1.0,
-             out=None, compute: Optional[dict] = None) -> dict:
-    """Drive the server for ``warmup`` + ``duration`` seconds and return the summary (also printed).
+             out=None, compute: Optional[dict] = None, route: str = "gradio") -> dict:
+    """Drive the server's ``route`` (``gradio``: the ``/search`` event through Gradio's queue; ``rest``:
+    ``POST /api/search``) for ``warmup`` + ``duration`` seconds and return the summary (also printed).
 
     Throughput and latency count the requests that finished inside the measured window (after the
     warm-up); errors count every failed request, warm-up and the in-flight tail included. Memory is
     sampled from the start; its growth figure covers the measured window."""
+    if route not in ROUTES:
+        raise InputError(f"unknown route {route!r}; choose one of {', '.join(ROUTES)}")
     stats = Stats()
-    uploader = ApiClient(url)
-    try:
-        uploaded = [uploader.upload(p) for p in images]  # once, as a browser uploads a chosen photo once
-    finally:
-        uploader.close()
-    images = uploaded
+    if route == "gradio":
+        uploader = ApiClient(url)
+        try:
+            images = [uploader.upload(p) for p in images]  # once, as a browser uploads a chosen photo once
+        finally:
+            uploader.close()
+    else:  # the file's bytes in the request, encoded once here as a program holding the photo would
+        images = [base64.b64encode(Path(p).read_bytes()).decode() for p in images]
     sampler = MemorySampler(pid, sample_every) if pid else None
     ready = threading.Barrier(clients + 1)  # clients connect first, then all start together
     deadline = Deadline()
     threads = []
 
     def worker(i):
-        client_loop(url, deadline, stats, images, methods, k, seed=1000 + i, ready=ready)
+        client_loop(url, deadline, stats, images, methods, k, seed=1000 + i, ready=ready, route=route)
 
     for i in range(clients):
         th = threading.Thread(target=worker, args=(i,), daemon=True)
@@ -376,8 +404,10 @@ def run_load(url: str, clients: int, duration: float, pid: Optional[int], images
     deadline.at = window[1]
     time.sleep(max(0.0, window[0] - time.perf_counter()))
     cpu0 = time.process_time()  # the generator's own CPU over the measured window (all its threads)
+    loads = [load_average()]
     time.sleep(max(0.0, window[1] - time.perf_counter()))
     gen_cores = (time.process_time() - cpu0) / duration
+    loads.append(load_average())
     for th in threads:
         th.join(timeout=warmup + duration + 120)
     if sampler:
@@ -385,6 +415,7 @@ def run_load(url: str, clients: int, duration: float, pid: Optional[int], images
     lat = [dt * 1e3 for end, dt in stats.done if window[0] <= end <= window[1]]
     mem = memory_report(sampler.samples if sampler else [], warmup, warmup + duration)
     summary = {
+        "route": route, "route_name": ROUTES[route], "load_average": loads,
         "clients": clients, "warmup_s": warmup, "duration_s": duration, "requests": len(lat),
         "requests_total": len(stats.done), "errors": len(stats.errors),
         "requests_per_s": round(len(lat) / duration, 2),
@@ -405,6 +436,8 @@ def run_load(url: str, clients: int, duration: float, pid: Optional[int], images
 def print_summary(s: dict, warmup: float, out=None) -> None:
     out = out or sys.stdout
     p = lambda *a: print(*a, file=out)  # noqa: E731
+    if s.get("route"):
+        p(f"route              {s['route']}: {s['route_name']}")
     p(f"clients            {s['clients']}")
     p(f"duration           {s['duration_s']:g} s measured after {s['warmup_s']:g} s of warm-up load")
     p(f"requests           {s['requests']} in the measured window ({s['requests_per_s']} requests/s), "
@@ -418,6 +451,8 @@ def print_summary(s: dict, warmup: float, out=None) -> None:
           f"(the same query mix in-process, 1 thread, image features cached, {c['queries']} queries)")
         p(f"served/limit ratio {s['served_limit_ratio']}")
     p(f"load generator CPU {s['generator_cpu_cores']} cores over the measured window")
+    if s.get("load_average"):
+        p(f"load average       {' -> '.join(s['load_average'])} (1-minute, /proc/loadavg, start -> end of the window)")
     m = s["server_rss_mb"]
     if s["rss_timeline_mb"]:
         p(f"server RSS (MB)    peak {m['peak_mb']}  measured window: first quarter {m['start_mb']} -> last quarter "
@@ -438,6 +473,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup", type=float, default=60.0,
                    help="seconds of load before the measured window (excluded from every figure but errors)")
     p.add_argument("--methods", default="sum,image,text", help="comma-separated composers to mix")
+    p.add_argument("--routes", default="rest,gradio",
+                   help="routes to load, one after the other on the same server: rest (POST /api/search), "
+                        "gradio (/search through Gradio's queue)")
     p.add_argument("--k", type=int, default=12)
     p.add_argument("--images", default=None, help="folder of reference photos (default: the gallery)")
     p.add_argument("--startup-timeout", type=float, default=900.0, help="seconds to wait for a started server")
@@ -455,6 +493,9 @@ def main(argv=None, engine=None) -> int:
         raise InputError("--clients must be >= 1, --duration > 0 and --warmup >= 0")
     images = gallery_images(args.images or Settings().gallery)
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    routes = [r.strip() for r in args.routes.split(",") if r.strip()]
+    if not routes or any(r not in ROUTES for r in routes):
+        raise InputError(f"--routes takes a comma-separated list of {', '.join(ROUTES)}")
     compute = None
     if not args.no_compute:  # before the load, with the server idle (or not started yet)
         if engine is None:
@@ -478,14 +519,32 @@ def main(argv=None, engine=None) -> int:
             ready_s = wait_ready(url, args.startup_timeout, proc)
             print(f"server             python app.py, ready in {ready_s:.1f} s, RSS at ready "
                   f"{rss_bytes(pid) / 2**20:.0f} MB (log: {log_path.name})")
-        summary = run_load(url, args.clients, args.duration, pid, images, methods, k=args.k, warmup=args.warmup,
-                           compute=compute)
+        runs = {}
+        for route in routes:
+            print("", flush=True)
+            runs[route] = run_load(url, args.clients, args.duration, pid, images, methods, k=args.k,
+                                   warmup=args.warmup, compute=compute, route=route)
     finally:
         if proc is not None:
             stop_app(proc)
+    print_comparison(runs)
+    summary = {"compute": compute, "routes": runs}
     if args.json:
         Path(args.json).write_text(json.dumps(summary, indent=2))
-    return 0 if summary["errors"] == 0 and summary["requests"] > 0 else 1
+    return 0 if all(r["errors"] == 0 and r["requests"] > 0 for r in runs.values()) else 1
+
+
+def print_comparison(runs: Dict[str, dict], out=None) -> None:
+    """One row per route measured in this run, beside the targets of issue #16."""
+    out = out or sys.stdout
+    print("", file=out)
+    print("route    requests/s  p50 ms   p95 ms   errors  served/limit  generator CPU  load average", file=out)
+    for name, r in runs.items():
+        lat = r["latency_ms"]
+        print(f"{name:<8} {r['requests_per_s']:<11} {lat['p50']:<8} {lat['p95']:<8} {r['errors']:<7} "
+              f"{r['served_limit_ratio'] if r['served_limit_ratio'] is not None else '-':<13} "
+              f"{r['generator_cpu_cores']:<14} {' -> '.join(r['load_average'])}", file=out)
+    print("targets  (20 clients) p50 <= 1000 ms, 0 errors, served/limit >= 0.6, generator CPU < 0.5", file=out)
 
 
 if __name__ == "__main__":

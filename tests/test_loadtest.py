@@ -40,12 +40,17 @@ def test_only_loopback_servers_are_accepted():
             check_loopback(url)
 
 
-def test_short_load_run_reports_throughput_latency_and_memory(gallery_engine, launch_demo, tmp_path, capsys):
-    from demo.ui import build_demo
-    from engine.loadtest import main
+def test_short_load_run_reports_throughput_latency_and_memory(gallery_engine, tmp_path, capsys):
+    """Both routes of one server (POST /api/search, then /search through Gradio's queue), one compute limit."""
+    from demo.api import api_routes
+    from demo.ui import allowed_paths, build_demo
+    from engine.loadtest import free_port, main
 
     demo = build_demo(gallery_engine.settings, engine=gallery_engine)
-    url = launch_demo(demo, gallery_engine) + "/"
+    port = free_port()
+    demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True,
+                allowed_paths=allowed_paths(gallery_engine), app_kwargs={"routes": api_routes(gallery_engine)})
+    url = f"http://127.0.0.1:{port}/"
     try:
         out = tmp_path / "summary.json"
         rc = main(["--url", url, "--pid", str(os.getpid()), "--clients", "2", "--duration", "4", "--warmup", "1",
@@ -53,22 +58,28 @@ def test_short_load_run_reports_throughput_latency_and_memory(gallery_engine, la
     finally:
         demo.close()
     printed = capsys.readouterr().out
-    s = json.loads(out.read_text())
-    assert rc == 0 and s["errors"] == 0 and s["requests"] >= 2, (s, printed)
-    assert s["requests_per_s"] == pytest.approx(s["requests"] / s["duration_s"], rel=0.05)
-    lat = s["latency_ms"]
-    assert 0 < lat["p50"] <= lat["p95"] <= lat["p99"] <= lat["max"]
-    assert s["server_rss_mb"]["peak_mb"] > 100  # this process holds torch and the backbone
-    assert len(s["rss_timeline_mb"]) >= 3
-    for word in ("requests/s", "p50", "p95", "p99", "errors", "peak", "compute limit", "load generator CPU"):
-        assert word in printed
-    # the compute limit measured in the same run: cores / the mean single-query time of the same mix
-    c = s["compute"]
+    full = json.loads(out.read_text())
+    assert rc == 0 and list(full["routes"]) == ["rest", "gradio"], printed
+    c = full["compute"]  # the compute limit measured in the same run: cores / the mean single-query time
     assert c["queries"] >= 40 and c["ms_per_query"] > 0 and c["cores"] >= 1
     assert c["limit_qps"] == pytest.approx(c["cores"] * 1e3 / c["ms_per_query"], rel=0.02)
-    assert s["served_limit_ratio"] == pytest.approx(s["requests_per_s"] / c["limit_qps"], rel=0.05)
-    assert f"served/limit ratio {s['served_limit_ratio']}" in printed
-    assert 0 <= s["generator_cpu_cores"] < 4
+    for route, s in full["routes"].items():
+        assert s["route"] == route and s["errors"] == 0 and s["requests"] >= 2, (s, printed)
+        assert s["requests_per_s"] == pytest.approx(s["requests"] / s["duration_s"], rel=0.05)
+        lat = s["latency_ms"]
+        assert 0 < lat["p50"] <= lat["p95"] <= lat["p99"] <= lat["max"]
+        assert s["server_rss_mb"]["peak_mb"] > 100  # this process holds torch and the backbone
+        assert len(s["rss_timeline_mb"]) >= 3
+        assert s["compute"] == c
+        assert s["served_limit_ratio"] == pytest.approx(s["requests_per_s"] / c["limit_qps"], rel=0.05)
+        assert f"served/limit ratio {s['served_limit_ratio']}" in printed
+        assert 0 <= s["generator_cpu_cores"] < 4 and len(s["load_average"]) == 2
+    for word in ("requests/s", "p50", "p95", "p99", "errors", "peak", "compute limit", "load generator CPU",
+                 "route              rest: POST /api/search", "route              gradio: /search",
+                 "load average", "targets"):
+        assert word in printed
+    table = printed[printed.index("route    requests/s"):].splitlines()
+    assert table[1].startswith("rest ") and table[2].startswith("gradio ")
 
 
 def test_a_full_queue_answers_busy_and_the_server_recovers(gallery_engine, launch_demo, monkeypatch):

@@ -15,7 +15,7 @@ relevant expands every query, which lowers mAP where they are not. Checkpoints t
 negative weights), then ``tau`` is chosen on the validation classes (largest mAP at nQE 8 and 64; ties
 go to the larger ``tau``); ``tau = 1`` keeps the query unchanged, so on validation LAttQE is never below
 no expansion. ``weight_floor = None`` (older checkpoints) is the paper's raw cosine. A linear head
-on ``d~_i`` predicts whether neighbour i is relevant (auxiliary BCE loss, training only). The
+on ``d~_i`` predicts whether neighbour i is relevant (auxiliary BCE loss, training only, off by default). The
 same model applied to gallery items gives LAttDBA (see :mod:`engine.expand.dba`).
 
 Checkpoints: ``<name>.safetensors`` (weights) + ``<name>.json`` (config, backbone fingerprint,

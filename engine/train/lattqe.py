@@ -8,8 +8,11 @@ Training follows the issue / paper recipe on labelled gallery embeddings:
   drawn per query (kept neighbours stay in rank order);
 * loss: contrastive ``y z^2 + (1-y) max(0, m - z)^2`` with ``z = ||q^ - d||``, margin 0.1, one
   positive (random same-class item) and 5 hard negatives per positive (the other-class items
-  of a random pool, refreshed every epoch, closest to the current expanded query), plus the
-  auxiliary BCE of the relevance head on the transformed neighbours;
+  of a random pool, refreshed every epoch, closest to the current expanded query); plus a pairwise
+  ranking term (64 same-class items against the 50 closest other-class pool items, softplus of the
+  similarity gaps) and the Brier score of the neighbour weights against relevance (the auxiliary BCE
+  of the relevance head is off by default; ``--weight-loss 0 --rank-loss 0 --bce-weight 1`` is the
+  earlier recipe);
 * Adam (lr 1e-4, weight decay 1e-6), exponential decay 0.99 per epoch, batch 64; the epoch
   with the best validation mAP (LAttQE at nQE = 64 on the held-out classes) is kept.
 
@@ -304,7 +307,12 @@ class TrainConfig:
     k_min: int = 32
     k_max: int = 64
     drop_max: float = 0.6
-    bce_weight: float = 1.0
+    bce_weight: float = 0.0  # auxiliary BCE of the relevance head (off: the weights are supervised directly)
+    weight_loss: float = 3.0  # Brier score of the neighbour weights against relevance (same class)
+    rank_loss: float = 1.0  # pairwise ranking of the training set by the expanded query
+    rank_positives: int = 64  # same-class items drawn per query (with replacement)
+    rank_negatives: int = 50  # hardest other-class pool items per query
+    rank_temperature: float = 0.05
     val_nqe: int = 64
     val_queries: int = 500
     seed: int = 0
@@ -321,6 +329,19 @@ class TrainConfig:
 def contrastive_loss(z: torch.Tensor, y: torch.Tensor, margin: float) -> torch.Tensor:
     """Mean of y z^2 + (1 - y) max(0, margin - z)^2."""
     return (y * z.pow(2) + (1 - y) * torch.clamp(margin - z, min=0).pow(2)).mean()
+
+
+def ranking_loss(s_pos: torch.Tensor, s_neg: torch.Tensor, temperature: float) -> torch.Tensor:
+    """Mean over every (positive, negative) pair of a query of softplus((s_neg - s_pos) / T): a smooth count
+    of negatives ranked above positives (1 - AUC) for similarities s_pos (B, P) and s_neg (B, H)."""
+    return torch.nn.functional.softplus((s_neg[:, None, :] - s_pos[:, :, None]) / temperature).mean()
+
+
+def weight_loss(w: torch.Tensor, rel: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Brier score of the neighbour weights (B, k) against relevance (1 = same class) over present neighbours:
+    its minimiser is the probability that the neighbour is relevant."""
+    m = mask.to(w.dtype)
+    return ((w - rel).pow(2) * m).sum() / m.sum().clamp(min=1)
 
 
 class _Sampler:
@@ -366,16 +387,23 @@ class _Sampler:
                 out[r, j] = p
         return torch.as_tensor(out)
 
-    def hard_negatives(self, qhat: torch.Tensor, qids: np.ndarray) -> torch.Tensor:
-        """(B, positives * negatives) pool items of other classes closest to the expanded queries."""
+    def hard_negatives(self, qhat: torch.Tensor, qids: np.ndarray, n: Optional[int] = None) -> torch.Tensor:
+        """(B, n) pool items of other classes closest to the expanded queries (default n: positives * negatives)."""
         pool = self.pool
         with torch.no_grad():
             sims = qhat @ self.x[pool].T
             same = self.y[torch.as_tensor(qids)][:, None] == self.y[pool][None, :]
             sims[same] = -float("inf")
-            n = min(self.cfg.positives * self.cfg.negatives, len(pool))
+            n = min(n or self.cfg.positives * self.cfg.negatives, len(pool))
             top = torch.topk(sims, n, dim=1).indices
         return pool[top]
+
+    def rank_positives(self, qids: np.ndarray) -> torch.Tensor:
+        """(B, rank_positives) random other items of each query's class, drawn with replacement."""
+        qt = torch.as_tensor(qids)
+        same = (self.y[qt][:, None] == self.y[None, :]).float()
+        same[torch.arange(len(qt)), qt] = 0.0
+        return torch.multinomial(same, self.cfg.rank_positives, replacement=True)
 
 
 @torch.no_grad()
@@ -385,7 +413,8 @@ def fixed_loss(model: LAttQEModel, x: np.ndarray, y: Sequence, k: int, cfg: Opti
 
     ``n_queries`` items of (x, y) query the rest with their top-k neighbours (none dropped); the
     positive term averages z^2 over ALL same-class items, the negatives are the 5 other-class
-    items closest to the expanded query; BCE as in training.
+    items closest to the expanded query; the ranking term pairs ALL same-class items with the
+    ``rank_negatives`` other-class items closest to the expanded query; weight Brier score and BCE as in training.
     """
     cfg = cfg or TrainConfig()
     x = torch.as_tensor(l2n(np.asarray(x, np.float32)))
@@ -395,7 +424,7 @@ def fixed_loss(model: LAttQEModel, x: np.ndarray, y: Sequence, k: int, cfg: Opti
     nb = torch.as_tensor(nb)
     qt = torch.as_tensor(qids)
     model.eval()
-    qhat, _, logits = model.expand(x[qt], x[nb])
+    qhat, w, logits = model.expand(x[qt], x[nb])
     z = torch.cdist(qhat, x)  # (Q, N)
     same = y[qt][:, None] == y[None, :]
     same[torch.arange(len(qt)), qt] = False
@@ -406,7 +435,15 @@ def fixed_loss(model: LAttQEModel, x: np.ndarray, y: Sequence, k: int, cfg: Opti
     contrastive = float(((pos + neg) / (1 + cfg.negatives)).mean())
     rel = (y[nb] == y[qt][:, None]).float()
     bce = float(torch.nn.functional.binary_cross_entropy_with_logits(logits, rel))
-    return {"contrastive": contrastive, "bce": bce, "loss": contrastive + cfg.bce_weight * bce}
+    brier = float(weight_loss(w, rel, torch.ones_like(rel)))
+    s = qhat @ x.T
+    other = y[qt][:, None] != y[None, :]
+    s_neg = torch.topk(s.masked_fill(~other, -float("inf")), min(cfg.rank_negatives, int(other.sum(1).min())),
+                       dim=1).values
+    pairs = torch.nn.functional.softplus((s_neg[:, None, :] - s[:, :, None]) / cfg.rank_temperature).mean(2)
+    rank = float(((pairs * same).sum(1) / same.sum(1).clamp(min=1)).mean())
+    return {"contrastive": contrastive, "bce": bce, "weight": brier, "rank": rank,
+            "loss": contrastive + cfg.bce_weight * bce + cfg.weight_loss * brier + cfg.rank_loss * rank}
 
 
 def validation_queries(n_val: int, cfg: TrainConfig) -> np.ndarray:
@@ -460,12 +497,12 @@ def train_lattqe(train_x: np.ndarray, train_y: Sequence, val_x: np.ndarray, val_
         t_epoch = time.perf_counter()
         model.train()
         sampler.refresh_pool()
-        sums = np.zeros(3)
+        sums = np.zeros(5)
         for _ in range(steps):
             qids = rng.choice(sampler.queries, size=min(cfg.batch, len(sampler.queries)), replace=False)
             nb_ids, mask = sampler.neighbours(qids)
             q = sampler.x[torch.as_tensor(qids)]
-            qhat, _, logits = model.expand(q, sampler.x[nb_ids], mask)
+            qhat, w, logits = model.expand(q, sampler.x[nb_ids], mask)
             pos = sampler.positives(qids)
             neg = sampler.hard_negatives(qhat.detach(), qids)
             z_pos = (qhat[:, None, :] - sampler.x[pos]).norm(dim=-1)
@@ -476,15 +513,24 @@ def train_lattqe(train_x: np.ndarray, train_y: Sequence, val_x: np.ndarray, val_
             rel = (sampler.y[nb_ids] == sampler.y[torch.as_tensor(qids)][:, None]).float()
             m = mask.float()
             l_b = (bce(logits, rel) * m).sum() / m.sum().clamp(min=1)
-            loss = l_c + cfg.bce_weight * l_b
+            l_w = weight_loss(w, rel, mask)
+            loss = l_c + cfg.bce_weight * l_b + cfg.weight_loss * l_w
+            l_r = torch.zeros(())
+            if cfg.rank_loss:
+                rp = sampler.rank_positives(qids)
+                rn = sampler.hard_negatives(qhat.detach(), qids, cfg.rank_negatives)
+                l_r = ranking_loss(torch.einsum("bd,bpd->bp", qhat, sampler.x[rp]),
+                                   torch.einsum("bd,bnd->bn", qhat, sampler.x[rn]), cfg.rank_temperature)
+                loss = loss + cfg.rank_loss * l_r
             opt.zero_grad()
             loss.backward()
             opt.step()
-            sums += [loss.item(), l_c.item(), l_b.item()]
+            sums += [loss.item(), l_c.item(), l_b.item(), l_w.item(), l_r.item()]
         sched.step()
         model.eval()
         vmap = qe_map("lattqe", vx, vy, val_nqe, val_qids, model=model)
         rec = {"epoch": epoch, "loss": sums[0] / steps, "contrastive": sums[1] / steps, "bce": sums[2] / steps,
+               "weight": sums[3] / steps, "rank": sums[4] / steps,
                "val_map": vmap, "lr": opt.param_groups[0]["lr"], **ref}
         history.append(rec)
         if vmap > best_map:
@@ -611,6 +657,16 @@ def _load_features(path: Path) -> Tuple[Dict[str, Tuple[np.ndarray, np.ndarray]]
     return out, fp
 
 
+def _class_list(text: str, option: str) -> List[int]:
+    try:
+        out = sorted({int(v) for v in text.split(",") if v.strip()})
+    except ValueError:
+        out = []
+    if not out or not all(0 <= c <= 9 for c in out):
+        raise InputError(f"{option} takes Fashion-MNIST class numbers 0 to 9 separated by commas, got {text!r}")
+    return out
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m engine train lattqe", description=__doc__.split("\n")[0])
     src = p.add_mutually_exclusive_group(required=True)
@@ -627,6 +683,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--save-features", type=Path, default=None, help="also write the embedded --labelled splits (.npz)")
     p.add_argument("--pca", type=int, default=64, help="PCA size for --fashion-mnist")
     p.add_argument("--per-class", type=int, default=1000, help="items per class for --fashion-mnist")
+    p.add_argument("--val-classes", default="7,8,9",
+                   help="--fashion-mnist: validation classes (held out of training and of the PCA fit)")
+    p.add_argument("--classes", default="",
+                   help="--fashion-mnist: use only these classes (default all 10); the others are left out of the "
+                        "PCA fit too, e.g. --classes 0,1,2,3,4,5,6 --val-classes 5,6 never sees 7, 8, 9")
     p.add_argument("--fingerprint", default="", help="backbone fingerprint (overrides the one in --features)")
     p.add_argument("--val-frac", type=float, default=0.3, help="share of classes held out for validation")
     p.add_argument("--out", type=Path, default=None, help="checkpoint folder (default: CIS_CHECKPOINTS)")
@@ -678,10 +739,18 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             tr, va = split_classes(y, args.val_frac, args.seed)
             feats = {"train": (x[tr], y[tr]), "val": (x[va], y[va])}
     else:
-        x, y, fp = fashion_mnist_pca(dim=args.pca, per_class=args.per_class, seed=args.seed)
-        source = f"Fashion-MNIST pixels, PCA {args.pca}, {args.per_class}/class"
-        va = np.isin(y, (7, 8, 9))  # the PCA was fit without 7, 8, 9
-        feats = {"train": (x[~va], y[~va]), "val": (x[va], y[va])}
+        val_classes = _class_list(args.val_classes, "--val-classes")
+        classes = _class_list(args.classes, "--classes") if args.classes.strip() else list(range(10))
+        if not set(val_classes) < set(classes):
+            raise InputError("--val-classes must be some, not all, of --classes")
+        unused = [c for c in range(10) if c not in classes]
+        x, y, fp = fashion_mnist_pca(dim=args.pca, per_class=args.per_class, seed=args.seed,
+                                     val_classes=sorted(set(val_classes) | set(unused)))
+        source = (f"Fashion-MNIST pixels, PCA {args.pca}, {args.per_class}/class, classes "
+                  f"{','.join(map(str, classes))}, validation {','.join(map(str, val_classes))}")
+        va = np.isin(y, val_classes)  # the PCA was fit without the validation (and unused) classes
+        tr = np.isin(y, classes) & ~va
+        feats = {"train": (x[tr], y[tr]), "val": (x[va], y[va])}
     if "train" not in feats or "val" not in feats:
         raise InputError("the data gave no train/validation images")
     test = feats.get("test")
