@@ -420,6 +420,8 @@ def main(argv=None) -> int:
     p.add_argument("--hnsw-ef-search", default="16,32,64,128", help="HNSW efSearch values measured")
     p.add_argument("--ics-million-only", action="store_true", help="ics section: only the 1M speed table (a few "
                    "minutes), keeping the mAP / recall tables of the last full run in --out")
+    p.add_argument("--ics-threads", type=int, default=1, help="ics section: cores the compact indexes' Hamming "
+                   "scan is split over (the rest of a query runs on one)")
     p.add_argument("--index-images", type=int, default=128)
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--out", default=str(ROOT / "docs" / "BENCHMARKS.md"), help="markdown file to write ('' = none)")

@@ -14,7 +14,7 @@ from engine.index.ics import (ICSConfig, code_distance, hadamard, hash_centres, 
                               neg_log_likelihood, neighbour_loss, pack_bits, save_ics, unpack_signs)
 from engine.index.ics_baselines import ITQHasher, LSHHasher
 from engine.train.ics import pgd_weights, project_simplex, train_ics, weight_objective
-from engine.index.ics_index import CompactBinaryIndex, LSHIndex, candidate_recall, make_ics_index
+from engine.index.ics_index import CompactBinaryIndex, HammingScan, LSHIndex, candidate_recall, make_ics_index
 from engine.index.vectors import VECTOR_INDEXES, create_vector_index
 
 torch.set_num_threads(1)
@@ -371,12 +371,72 @@ def test_fast_rerank_equals_the_numpy_gather_and_blas_path():
     np.testing.assert_array_equal(idx.gather_f32(rows), idx.vectors16[rows].astype(np.float32))
     for row in q:
         scores, ids = idx.search(row[None], 10)
-        cand = idx.index.search(model.encode(row[None]), 300)[1][0]
-        cand = cand[cand >= 0]
+        cand = idx.candidates(row[None], 300)[0]
         s = idx.vectors16[cand].astype(np.float32) @ row
         top = np.argsort(-s, kind="stable")[:10]
         np.testing.assert_array_equal(ids[0], cand[top])
         np.testing.assert_allclose(scores[0], s[top], rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("bits", [16, 32, 64, 128])
+def test_hamming_scan_equals_a_stable_sort_of_all_distances(bits):
+    """The numpy scan returns the r nearest codes by Hamming distance, ties to the lower id, nearest first, on
+    one thread or split over two, and the same distances as FAISS's exhaustive binary scan."""
+    import faiss
+
+    rng = np.random.default_rng(bits)
+    codes = rng.integers(0, 256, (70_000, bits // 8), dtype=np.uint8)
+    codes[35_000:] = codes[:35_000]  # every code twice: ties at every distance
+    flat = faiss.IndexBinaryFlat(bits)
+    flat.add(codes)
+    scans = [HammingScan(codes, bits, threads=t) for t in (1, 2)]
+    assert [s.threads for s in scans] == [1, 2]
+    for _ in range(4):
+        q = rng.integers(0, 256, bits // 8, dtype=np.uint8)
+        dist = np.unpackbits(codes ^ q, axis=1).sum(1)
+        for r in (1, 10, 1000, len(codes) + 5):
+            want = np.argsort(dist, kind="stable")[:r]
+            for scan in scans:
+                np.testing.assert_array_equal(scan.search(q, r), want)
+        np.testing.assert_array_equal(dist[scans[0].search(q, 1000)], flat.search(q[None], 1000)[0][0])
+    # every sampled code equals the query: the sampled threshold (0) keeps too few and the shards are rescanned
+    codes[::max(1, len(codes) // HammingScan.SAMPLE)] = codes[1]
+    dist = np.unpackbits(codes ^ codes[1], axis=1).sum(1)
+    want = np.argsort(dist, kind="stable")[:6000]
+    for threads in (1, 2):
+        np.testing.assert_array_equal(HammingScan(codes, bits, threads).search(codes[1], 6000), want)
+    assert len(HammingScan(codes[:0], bits).search(codes[0], 10)) == 0
+
+
+def test_binary_ivf_structure_probes_cells_and_reranks():
+    x = _clustered()
+    q = x[:50] + 0.05 * np.random.default_rng(1).normal(size=(50, 32)).astype(np.float32)
+    exact = np.argsort(-(q @ x.T), axis=1)[:, :10]
+    idx = LSHIndex(32, bits=64, rerank=300, binary_index="ivf", nlist=16, nprobe=16)  # every cell: exhaustive
+    idx.build(x)
+    flat = LSHIndex(32, bits=64, rerank=300)
+    flat.build(x)
+    assert idx.describe()["binary_index"] == "ivf" and idx.index.nlist == 16 and idx.scan is None
+    qc = idx.hasher.encode(q)
+
+    def dist(ids):  # Hamming distances of the candidates (which of equally near codes is kept may differ)
+        return np.sort([np.unpackbits(idx.codes[row] ^ c, axis=1).sum(1) for row, c in zip(ids, qc)], 1)
+
+    np.testing.assert_array_equal(dist(idx.candidates(q, 300)), dist(flat.candidates(q, 300)))
+    idx.index.nprobe = 4
+    _, ids = idx.search(q, 10)
+    recall = np.mean([len(set(a) & set(b)) / 10 for a, b in zip(ids, exact)])
+    assert 0.5 <= recall <= 1, recall
+    with pytest.raises(InputError, match="ivf"):
+        LSHIndex(32, bits=64, binary_index="ivf2")
+
+
+def test_query_codes_of_the_small_batch_head_equal_the_module_outputs():
+    model, x = _small_model(dim=16, bits=16)
+    full = pack_bits(model.outputs(x) >= 0)
+    np.testing.assert_array_equal(np.concatenate([model.encode(row[None]) for row in x]), full)
+    np.testing.assert_array_equal(model.encode(x[:16]), full[:16])
+    np.testing.assert_array_equal(model._small_outputs(x[:3]), model.outputs(x[:3]))
 
 
 def test_small_gallery_and_bad_queries():
@@ -387,6 +447,8 @@ def test_small_gallery_and_bad_queries():
     assert ids.shape == (2, 8) and (ids[:, 5:] == -1).all() and ids[0, 0] == 0
     with pytest.raises(InputError):
         idx.search(np.zeros((1, 7), np.float32), 3)
+    with pytest.raises(InputError, match="threads"):
+        LSHIndex(32, bits=16, threads=0)
 
 
 def test_registered_ics_types_need_a_matching_checkpoint(tmp_path):
@@ -492,6 +554,10 @@ def test_bench_tables_on_small_data():
     lim = mil["limits"]
     assert lim["limit_ms"] == lim["scan_ms"] + lim["rerank_ms"] and all(lim[k] > 0 for k in ("scan_ms", "rerank_old_ms"))
     assert "**design limit** (scan + re-rank)" in md and "target <= 3.0 ms" in md
+    ivf = mil["ivf"]  # the binary IVF variant: nprobe chosen on validation queries, then timed on the test ones
+    assert [(c["rerank"], c["nprobe"]) for c in ivf["validation"]] == [(r, p) for r in (100, 150) for p in (8, 16, 32, 64)]
+    assert ivf["nprobe"] in (8, 16, 32, 64) and ivf["rerank"] in (100, 150)
+    assert 0 < ivf["recall@10"] <= 1 and ivf["ms"] > 0 and "binary IVF (" in md and "(chosen)" in md
 
 
 def test_ics_bench_million_only_keeps_the_previous_tables(tmp_path):

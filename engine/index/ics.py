@@ -70,6 +70,7 @@ from ..errors import CheckpointError, InputError
 from ..fileio import atomic_write_bytes as _atomic_write
 
 SUPPORTED_BITS = (16, 32, 64, 128)
+SMALL_BATCH = 16  # query batches up to this many rows run the hash head without the nn.Module calls
 
 
 # -- hash centres --------------------------------------------------------------------------------
@@ -241,7 +242,23 @@ class ICSModel(Hasher):
         return np.concatenate(out) if out else np.zeros((0, self.bits), np.float32)
 
     def encode(self, vectors: np.ndarray) -> np.ndarray:
-        return pack_bits(self.outputs(vectors) >= 0)
+        x = np.asarray(vectors, dtype=np.float32)
+        if x.ndim == 2 and 0 < len(x) <= SMALL_BATCH and x.shape[1] == self.dim and not self.head.training:
+            return pack_bits(self._small_outputs(x) >= 0)
+        return pack_bits(self.outputs(x) >= 0)
+
+    def _small_outputs(self, x: np.ndarray) -> np.ndarray:
+        """``outputs`` for a few query rows without the module machinery: the same torch kernels (``F.linear``,
+        ``relu``) called directly, in inference mode (dropout is the identity in eval). Calling the modules and
+        the ``no_grad`` wrapper costs more than the maths for one query (0.17 vs 0.06 ms, one thread)."""
+        with torch.inference_mode():
+            t = torch.from_numpy(np.ascontiguousarray(x))
+            for layer in self.head.net:
+                if isinstance(layer, nn.Linear):
+                    t = F.linear(t, layer.weight, layer.bias)
+                elif not isinstance(layer, nn.Dropout):
+                    t = layer(t)
+            return t.numpy()
 
     def identity(self) -> str:
         h = hashlib.sha256()
