@@ -200,21 +200,26 @@ def validation_comparisons(record: dict, method: str) -> list:
 def default_method(records: dict, available, baseline: str = BASELINE_METHOD):
     """(method, evidence): the method to offer first. ``records`` maps each loaded learned method to its
     checkpoint's record, ``available`` lists the methods the engine can run. Among the validation
-    comparisons that include the ``baseline`` (the weighted sum), the one covering most available methods
-    decides: its best method wins, ties go to the baseline. Without such a comparison the baseline is the
-    default and the evidence is None; otherwise the evidence is the comparison (scores of available methods)."""
+    comparisons that include the ``baseline`` (the weighted sum), those covering most available methods
+    decide (each was measured under its own trainer's protocol, so figures are only compared within one):
+    the comparison whose best method beats the baseline by the widest margin names the winner; ties and
+    no margin go to the baseline. Without such a comparison the baseline is the default and the evidence is
+    None; otherwise the evidence is the deciding comparison (scores of available methods)."""
     available = list(available)
     fallback = baseline if baseline in available else (available[0] if available else baseline)
-    best = None
+    comps = []
     for method, record in records.items():
         for comp in validation_comparisons(record or {}, method):
             scores = {m: v for m, v in comp["scores"].items() if m in available}
-            if baseline not in scores or len(scores) < 2:
-                continue
-            if best is None or len(scores) > len(best["scores"]):
-                best = dict(comp, scores=scores)
-    if best is None:
+            if baseline in scores and len(scores) >= 2:
+                comps.append(dict(comp, scores=scores))
+    if not comps:
         return fallback, None
-    top = max(best["scores"].values())
-    winner = baseline if best["scores"][baseline] >= top else max(best["scores"], key=best["scores"].get)
+    widest = max(len(c["scores"]) for c in comps)
+
+    def margin(c):
+        return max(c["scores"].values()) - c["scores"][baseline]
+
+    best = max((c for c in comps if len(c["scores"]) == widest), key=margin)  # first of equal margins
+    winner = baseline if margin(best) <= 0 else max(best["scores"], key=best["scores"].get)
     return winner, best

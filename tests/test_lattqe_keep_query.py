@@ -64,6 +64,12 @@ def test_choose_floor_keeps_the_query_where_neighbours_mislead_and_expands_where
     noise = choose_floor(model, x[va], y_noise, cfg, nqes=(8, 16))
     nb = {float(f): np.mean(v) for f, v in noise["val_map_by_floor"].items()}
     assert nb[noise["weight_floor"]] >= nb[1.0]
+    # a guard (e.g. composed retrieval on another validation set) restricts the floors that may be chosen:
+    # the best of the allowed ones by the same validation figure, 1.0 when none is allowed
+    allowed = [f for f in (0.6, 0.8) if f != sel["weight_floor"]]
+    g = choose_floor(model, x[va], y[va], cfg, nqes=(8, 16), allowed=allowed)
+    assert g["weight_floor"] == max(allowed, key=lambda f: (round(by[f], 6), f))
+    assert choose_floor(model, x[va], y[va], cfg, nqes=(8, 16), allowed=[])["weight_floor"] == 1.0
 
 
 def test_gallery_side_uses_its_own_floor():

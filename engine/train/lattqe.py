@@ -548,10 +548,12 @@ FLOOR_GRID = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
 
 @torch.no_grad()
 def choose_floor(model: LAttQEModel, val_x: np.ndarray, val_y: Sequence, cfg: Optional[TrainConfig] = None,
-                 nqes: Sequence[int] = (8, 64), grid: Sequence[float] = FLOOR_GRID) -> Dict:
+                 nqes: Sequence[int] = (8, 64), grid: Sequence[float] = FLOOR_GRID,
+                 allowed: Optional[Sequence[float]] = None) -> Dict:
     """Sets ``model.config.weight_floor`` to the grid value with the largest mean validation mAP over
     ``nqes`` (ties: the larger floor, i.e. the more conservative one; 1.0 keeps the query, so the result
-    is never below no expansion on validation). Returns the per-floor figures."""
+    is never below no expansion on validation). ``allowed``: the query-side floors that may be chosen
+    (e.g. those passing :func:`cir_guard`). Returns the per-floor figures."""
     cfg = cfg or TrainConfig()
     vx, vy = l2n(np.asarray(val_x, np.float32)), encode_labels(val_y)
     qids = validation_queries(len(vx), cfg)
@@ -566,6 +568,9 @@ def choose_floor(model: LAttQEModel, val_x: np.ndarray, val_y: Sequence, cfg: Op
         return table, max(table, key=lambda f: (round(float(np.mean(table[f])), 6), f))
 
     table, best = by_floor(lambda k: qe_map("lattqe", vx, vy, k, qids, model=model))
+    if allowed is not None:
+        ok = [f for f in table if any(abs(f - a) < 1e-9 for a in allowed)] or [1.0]
+        best = max(ok, key=lambda f: (round(float(np.mean(table.get(f, [0.0]))), 6), f))
     # the gallery side (LAttDBA) gets its own floor, chosen the same way
     dba, best_dba = by_floor(lambda k: qe_map("none", vx, vy, k, qids, gallery=dba_vectors(
         vx, "lattqe", k, model=model, progress=False)))
@@ -707,6 +712,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--refloor", type=Path, default=None, metavar="CHECKPOINT",
                    help="no training: choose the weight floors of this LAttQE checkpoint on the validation "
                         "classes of the data given and write it to --out/--name")
+    p.add_argument("--cir-guard", type=float, default=0.0, metavar="POINTS",
+                   help="with --refloor: only floors that keep composed R@10 on the offline CIR validation split "
+                        "within POINTS of no expansion for every composer (0 = off)")
     p.add_argument("--no-keep-query", action="store_true",
                    help="the paper's raw cosine weights (may be negative), no weight floor chosen on validation")
     return p
@@ -803,13 +811,66 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     return 0
 
 
+@torch.no_grad()
+def cir_guard(model: LAttQEModel, backbone, max_drop: float, grid: Sequence[float] = FLOOR_GRID,
+              nqe: int = 8, split: str = "val") -> Dict:
+    """The query-side floors under which composed retrieval on the offline CIR ``split`` (every composer
+    with a checkpoint for ``backbone``, as `eval offline` ranks) loses at most ``max_drop`` points of R@10
+    to no expansion. Returns {"allowed": [...], "r10_by_floor": {floor: {composer: [none, lattqe]}}}."""
+    from ..compose import COMPOSERS, ComposerUnavailable, Query
+    from ..config import Settings
+    from ..data.formats import image_path
+    from ..eval.offline import _variants, cir_tensors, rank_queries, recall, reference_tokens
+    from ..expand.lattqe import LAttQEExpander
+
+    settings = Settings()
+    queries, gallery, gemb, pos = cir_tensors(backbone, split)
+    ref = torch.from_numpy(gemb[[pos[q["reference"]] for q in queries]])
+    comps = {}
+    for name in COMPOSERS:
+        try:
+            comps[name] = COMPOSERS.get(name)(backbone, checkpoint_dir=settings.checkpoints)
+        except ComposerUnavailable:
+            pass
+    comps.update(_variants(backbone, settings))
+    tok = reference_tokens(backbone, [image_path("cir", q["reference"]) for q in queries]) \
+        if "context-i2w" in comps else None
+    qv = {n: np.stack([c.compose(Query(text=q["text"], image_embedding=ref[i], has_image=True, alpha=0.5,
+                                       image_tokens=None if tok is None else tok[i])).vector
+                       for i, q in enumerate(queries)]) for n, c in comps.items()}
+    expander = LAttQEExpander(model)
+    saved = model.config.weight_floor
+    out, allowed = {}, []
+    for f in grid:
+        model.config.weight_floor = float(f)
+        row = {}
+        for n, v in qv.items():
+            r = rank_queries(v, queries, gallery, gemb, pos, {"lattqe": expander}, nqe=nqe)
+            row[n] = [recall(r["none"])["R@10"], recall(r["lattqe"])["R@10"]]
+        out[str(float(f))] = row
+        if all(b >= a - max_drop for a, b in row.values()):
+            allowed.append(float(f))
+    model.config.weight_floor = saved
+    return {"allowed": allowed, "max_drop": max_drop, "split": split, "nqe": nqe, "r10_by_floor": out}
+
+
 def _refloor(args, cfg: TrainConfig, fp: str, val_x: np.ndarray, val_y: np.ndarray) -> int:
-    """``--refloor CHECKPOINT``: the weights stay, the floors are chosen again on the validation classes."""
+    """``--refloor CHECKPOINT``: the weights stay, the floors are chosen again on the validation classes
+    (with ``--cir-guard P``: only among the floors that keep composed retrieval on the CIR validation split
+    within P points of R@10 of no expansion for every composer)."""
     from ..config import Settings
     from ..expand.lattqe import load_lattqe
 
     model, record = load_lattqe(args.refloor, fingerprint=fp)
-    floor = choose_floor(model, val_x, val_y, cfg)
+    guard = None
+    if args.cir_guard > 0:
+        from ..backbones import create_backbone
+
+        guard = cir_guard(model, create_backbone(args.backbone, "cpu"), args.cir_guard)
+        print(f"CIR validation guard ({args.cir_guard:g} points of R@10): floors allowed {guard['allowed']}")
+    floor = choose_floor(model, val_x, val_y, cfg, allowed=None if guard is None else guard["allowed"])
+    if guard is not None:
+        floor["cir_guard"] = guard
     keep = {key: v for key, v in record.items() if key not in ("kind", "fingerprint", "embed_dim", "config",
                                                                 "weights", "file")}
     keep.update(floor_selection=floor, val_map=floor["val_map"])

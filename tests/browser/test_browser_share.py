@@ -66,7 +66,7 @@ def test_compare_mode_marks_shared_results(served_demo, open_page, shot, viewpor
     for item_id, is_shared in marked:
         assert is_shared == (seen.get(item_id, 0) >= need), (item_id, seen.get(item_id), need)
     assert any(v >= need for v in seen.values())  # most methods agree on some results of this query ...
-    assert any(1 < v < need for v in seen.values())  # ... and results found by only two stay unmarked
+    assert any(v < need for v in seen.values())  # ... and results found by fewer stay unmarked
     shot(page, "compare")
     if viewport == "desktop" and DOC_IMAGES:
         page.locator("#compare-results").screenshot(path=str(ROOT / "docs" / "img" / "compare.png"))
