@@ -11,6 +11,8 @@ def test_keep_query_note_only_at_floor_one():
 
     assert "keeps the query unchanged" in keeps_query_note({"config": {"weight_floor": 1.0}})
     assert keeps_query_note({"config": {"weight_floor": 0.6}}) is None
+    guarded = keeps_query_note({"config": {"weight_floor": 1.0}, "floor_selection": {"cir_guard": {"allowed": [1.0]}}})
+    assert "keeps the query unchanged" in guarded and "composed results worse" in guarded
     assert keeps_query_note({"config": {}}) is None and keeps_query_note(None) is None
 
 

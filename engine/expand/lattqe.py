@@ -297,11 +297,15 @@ def validation_shortfall(record: Optional[Dict[str, Any]]) -> Optional[str]:
 
 
 def keeps_query_note(record: Optional[Dict[str, Any]]) -> Optional[str]:
-    """One plain sentence when the checkpoint's weight floor, chosen on its validation classes, is 1: it then
-    returns every query unchanged. None otherwise."""
+    """One plain sentence when the checkpoint's weight floor, chosen on validation, is 1: it then returns every
+    query unchanged (the sentence says which validation ruled expansion out). None otherwise."""
     floor = ((record or {}).get("config") or {}).get("weight_floor")
     if floor is None or float(floor) < 1.0:
         return None
+    guard = ((record or {}).get("floor_selection") or {}).get("cir_guard")
+    if guard:
+        return ("for this backbone it keeps the query unchanged: on validation, every amount of expansion made "
+                "some search method's composed results worse")
     return ("for this backbone it keeps the query unchanged: no amount of expansion scored above plain search "
             "on its validation classes")
 
