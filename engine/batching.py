@@ -137,7 +137,6 @@ def bench_section(args=None, ctx=None) -> tuple:
     """`python -m engine bench --only text-batch`: the live backbone's text encoder, ms per text by batch size
     (one thread, as one server worker runs it), the figure the micro-batcher is built on."""
     import time
-    from pathlib import Path
 
     from .loadtest import TEXTS
 
@@ -167,10 +166,9 @@ def bench_section(args=None, ctx=None) -> tuple:
             rows.append((size, ms, ms / size))
     finally:
         torch.set_num_threads(threads)
-    try:
-        load = Path("/proc/loadavg").read_text().split()[0]
-    except OSError:
-        load = "?"
+    from .bench import load_average
+
+    load = load_average()
     one = rows[0][2]
     md = [f"Text encoder of `{backbone.name}`, one thread, median of 15 forward passes per batch size (texts from "
           f"the load test's mix; load average {load}):", "", "| batch | ms per batch | ms per text | speed-up per text |",

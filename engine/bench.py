@@ -40,6 +40,15 @@ def pct(values: List[float], q: float) -> float:
     return float(np.percentile(np.asarray(values, dtype=np.float64), q)) if values else float("nan")
 
 
+def load_average(minutes: int = 1) -> str:
+    """The 1-minute (or 1-, 5- and 15-minute, ``minutes=3``) load average from /proc: what else wanted the
+    cores while a figure was measured; '?' where there is none."""
+    try:
+        return " ".join(Path("/proc/loadavg").read_text().split()[:minutes])
+    except OSError:
+        return "?"
+
+
 def machine() -> str:
     import torch
 

@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Dict, List, Optional
 from urllib.parse import urlparse
 
+from .bench import load_average
 from .config import ROOT, Settings
 from .errors import InputError
 from .images import IMAGE_EXTENSIONS
@@ -348,14 +349,6 @@ def measure_compute(engine, images: List[str], methods: List[str], k: int = 12, 
     ms = 1e3 * sum(times) / len(times)
     return {"ms_per_query": round(ms, 2), "queries": len(times), "cores": cores,
             "limit_qps": round(cores / (ms / 1e3), 2)}
-
-
-def load_average() -> str:
-    """The 1-minute load average from /proc (other jobs on the machine), or '?' where there is none."""
-    try:
-        return Path("/proc/loadavg").read_text().split()[0]
-    except (OSError, IndexError):
-        return "?"
 
 
 ROUTES = {"rest": "POST /api/search (JSON, thread pool)", "gradio": "/search through Gradio's queue"}

@@ -18,6 +18,19 @@ def _wait_for(cond, timeout=20.0):
         time.sleep(0.005)
 
 
+def _queue_behind_first(threads, first_is_encoding, batcher, gate):
+    """Start the first caller and wait until its encode is running (held by ``gate``), start the others and
+    wait until every one of them is queued, then release the encoder and wait for all callers."""
+    threads[0].start()
+    _wait_for(first_is_encoding)
+    for th in threads[1:]:
+        th.start()
+    _wait_for(lambda: len(batcher._queue) == len(threads) - 1)
+    gate.set()
+    for th in threads:
+        th.join(30)
+
+
 def test_concurrent_texts_share_one_forward_and_match_unbatched_encodes(packaged):
     from engine.batching import TextBatcher
 
@@ -76,14 +89,7 @@ def test_batches_respect_max_batch_and_a_lone_caller_waits_for_nothing():
     results = {}
     threads = [threading.Thread(target=lambda i=i: results.__setitem__(i, batcher(["x" * i]).embeddings[0, 0].item()))
                for i in range(1, 8)]
-    threads[0].start()
-    _wait_for(lambda: len(sizes) == 1)
-    for th in threads[1:]:
-        th.start()
-    _wait_for(lambda: len(batcher._queue) == 6)
-    gate.set()
-    for th in threads:
-        th.join(30)
+    _queue_behind_first(threads, lambda: len(sizes) == 1, batcher, gate)
     assert sizes == [1, 3, 3] and results == {i: float(i) for i in range(1, 8)}
     # more texts than max_batch in one call (index building) go through as they are
     assert batcher(["a", "bb", "ccc", "dddd"]).embeddings[:, 0].tolist() == [1.0, 2.0, 3.0, 4.0]
@@ -117,14 +123,7 @@ def test_a_failing_or_truncated_text_gets_its_own_error_and_notices():
             out[t] = exc
 
     threads = [threading.Thread(target=caller, args=(t,)) for t in ("first", "boom", "long one", "short")]
-    threads[0].start()
-    _wait_for(lambda: len(calls) == 1)
-    for th in threads[1:]:
-        th.start()
-    _wait_for(lambda: len(batcher._queue) == 3)
-    gate.set()
-    for th in threads:
-        th.join(30)
+    _queue_behind_first(threads, lambda: len(calls) == 1, batcher, gate)
     assert isinstance(out["boom"], ValueError)
     assert out["long one"] == ["long one truncated"] and out["short"] == [] and out["first"] == []
 

@@ -93,7 +93,8 @@ class PackagedBackbone(Backbone):
             p.requires_grad_(False)
         self.name = f"packaged:efficientnet-{variant}+all-MiniLM-L6-v2"
         self.concepts = DEFAULT_CONCEPTS if concepts is None else concepts
-        self._fp = f"{self.name}@{_file_hash([weights, text_dir / 'model.safetensors'])}"
+        self._weights_fp = f"{self.name}@{_file_hash([weights, text_dir / 'model.safetensors'])}"
+        self._fp = self._weights_fp
         if self.concepts.any:  # a new backbone version: indexes and checkpoints of the old one do not match
             self._fp += f"+concepts-{hashlib.sha256(self.concepts.tag().encode()).hexdigest()[:8]}"
         self.embed_dim = int(self.text.config.hidden_size)
@@ -118,8 +119,7 @@ class PackagedBackbone(Backbone):
         """Unit-length text embeddings of ``prompts``, cached on disk per text encoder and prompt list."""
         from ..config import cache_dir
 
-        text_fp = self._fp.split("+concepts-")[0]
-        key = hashlib.sha256((text_fp + tag + "\n".join(prompts)).encode()).hexdigest()[:16]
+        key = hashlib.sha256((self._weights_fp + tag + "\n".join(prompts)).encode()).hexdigest()[:16]
         path = cache_dir() / "packaged" / f"text-{key}.npy"
         if path.exists():
             try:
@@ -144,8 +144,15 @@ class PackagedBackbone(Backbone):
         side = min(w, h)
         left, top = (w - side) / 2, (h - side) / 2
         img = img.resize((self.size, self.size), Image.BICUBIC, box=(left, top, left + side, top + side))
-        x = torch.from_numpy(np.asarray(img, dtype=np.float32) / 255.0).permute(2, 0, 1)
-        return (x - self._mean) / self._std
+        return self.from_rgb(torch.from_numpy(np.asarray(img, dtype=np.float32) / 255.0).permute(2, 0, 1))
+
+    def from_rgb(self, rgb: torch.Tensor) -> torch.Tensor:
+        """(..., 3, H, W) RGB in [0, 1] -> the network's input scaling."""
+        return (rgb - self._mean.to(rgb.device)) / self._std.to(rgb.device)
+
+    def to_rgb(self, pixels: torch.Tensor) -> torch.Tensor:
+        """Inverse of :meth:`from_rgb`: preprocessed pixels back to RGB in [0, 1]."""
+        return pixels * self._std.to(pixels.device) + self._mean.to(pixels.device)
 
     def class_probabilities(self, pixels: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         """(B, 3, H, W) -> (probabilities (B, 1000), feature map (B, C, h, w))."""
@@ -165,8 +172,7 @@ class PackagedBackbone(Backbone):
         class_part = F.normalize(probs @ self.class_text, dim=-1)
         scores = {}
         if self.concepts.any:
-            rgb = pixels.to(self.device) * self._std.to(self.device) + self._mean.to(self.device)
-            scores = concept_scores(rgb, sigma=self.concepts.sigma)
+            scores = concept_scores(self.to_rgb(pixels.to(self.device)), sigma=self.concepts.sigma)
         return class_part, scores, fmap
 
     def encode_images_with_tokens(self, pixels):

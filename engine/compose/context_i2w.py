@@ -235,8 +235,12 @@ class ContextI2WMapper(nn.Module):
     def gate_value(self) -> float:
         return float(torch.tanh(self.gate.detach()).item())
 
-    def forward(self, context: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    def forward(self, context: torch.Tensor, tokens: torch.Tensor, global_dropout: float = 0.0) -> torch.Tensor:
+        """S*. ``global_dropout`` (training only): the share of rows whose global branch is dropped, so their
+        S* comes from the local branch alone (``engine.train.context_i2w``, ``--global-dropout``)."""
         g, l = self.parts(context, tokens)
+        if global_dropout > 0:
+            g = g * (torch.rand(g.shape[0], 1, device=g.device) >= global_dropout).to(g.dtype)
         return g + torch.tanh(self.gate) * l
 
 

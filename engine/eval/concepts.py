@@ -35,14 +35,22 @@ def _parts(backbone, paths: List, batch: int = 32, edits=("",)):
     thumbs = {e: [] for e in edits}
     for i in tqdm(range(0, len(paths), batch), desc="val images", unit="batch"):
         x = torch.stack([backbone.preprocess(load_image(p)) for p in paths[i : i + batch]])
-        rgb0 = x * backbone._std + backbone._mean
+        rgb0 = backbone.to_rgb(x)
         for e in edits:
             rgb = tone_edit(rgb0, e) if e else rgb0
             with torch.no_grad():
-                probs, _ = backbone.class_probabilities((rgb - backbone._mean) / backbone._std)
+                probs, _ = backbone.class_probabilities(backbone.from_rgb(rgb))
             cls[e].append(F.normalize(probs @ backbone.class_text, dim=-1).cpu())
             thumbs[e].append(F.interpolate(rgb, size=(64, 64), mode="area"))
     return (torch.stack([torch.cat(cls[e]) for e in edits]), torch.stack([torch.cat(thumbs[e]) for e in edits]))
+
+
+def _training_free(img: np.ndarray, txt: np.ndarray) -> Dict[str, np.ndarray]:
+    """Query vectors of the training-free composers for rows of reference-image and text embeddings: image
+    only, text only and the weighted sum at alpha 0.5 (``engine.compose.baselines.WeightedSum``, batched)."""
+    from ..expand.base import l2n
+
+    return {"image": img, "text": txt, "sum": l2n(img * 0.5 + txt * 0.5)}
 
 
 def _tone_queries(n_photos: int, edits) -> tuple:
@@ -65,6 +73,7 @@ def grid_search(backbone, split: str = "val", objects=(0.0, 0.25, 0.5, 0.75, 1.0
                 lights=(0.0, 0.25, 0.5, 1.0), sigmas=(8.0, 12.0, 20.0)) -> List[Dict]:
     from ..backbones.concepts import ConceptWeights, concept_scores, mix
     from ..data.builders import ensure_built
+    from ..data.cir_triplets import embed_texts
     from ..data.formats import image_path, load_split
     from .offline import rank_queries, recall
 
@@ -85,19 +94,15 @@ def grid_search(backbone, split: str = "val", objects=(0.0, 0.25, 0.5, 0.75, 1.0
     t_thumbs = torch.cat([thumbs[photos], *edited[1]])
     t_queries, t_gallery = _tone_queries(len(photos), edits)
     t_pos = {g["image"]: i for i, g in enumerate(t_gallery)}
-    with torch.no_grad():
-        texts = sorted({q["text"] for q in queries + t_queries})
-        temb = torch.cat([backbone.encode_texts(texts[i : i + 256]).embeddings for i in range(0, len(texts), 256)])
+    texts = sorted({q["text"] for q in queries + t_queries})
+    temb = embed_texts(backbone, texts, progress=False).numpy()
     tpos = {t: i for i, t in enumerate(texts)}
 
     def measure(qs, gal, gpos, g, row, prefix, metric="R@10"):
-        txt = temb[[tpos[q["text"]] for q in qs]].cpu().numpy()
-        img = g[np.array([gpos[q["reference"]] for q in qs])]
-        summed = img * 0.5 + txt * 0.5
-        summed /= np.linalg.norm(summed, axis=1, keepdims=True)
+        vecs = _training_free(g[np.array([gpos[q["reference"]] for q in qs])], temb[[tpos[q["text"]] for q in qs]])
         kind = np.array([q["kind"] for q in qs])
-        for name, q in (("image", img), ("sum", summed)):
-            r = rank_queries(q, qs, gal, g, gpos)["none"]
+        for name in ("image", "sum"):
+            r = rank_queries(vecs[name], qs, gal, g, gpos)["none"]
             row[prefix + name] = recall(r)[metric]
             if prefix == "":
                 row[f"{name}:recolour"] = recall(r[kind == "recolour"])["R@10"] if (kind == "recolour").any() else 0.0
@@ -121,13 +126,6 @@ def grid_search(backbone, split: str = "val", objects=(0.0, 0.25, 0.5, 0.75, 1.0
     return rows
 
 
-def _load() -> str:
-    try:
-        return open("/proc/loadavg").read().split()[0]
-    except OSError:
-        return "n/a"
-
-
 def cost_per_image(backbone, n: int = 64, repeats: int = 3) -> Dict[str, float]:
     """ms per image of the CNN + class bridge and of the concept detectors, on the same random batch,
     best of ``repeats`` (this process's torch threads)."""
@@ -135,7 +133,7 @@ def cost_per_image(backbone, n: int = 64, repeats: int = 3) -> Dict[str, float]:
     out = {}
     from ..backbones.concepts import concept_scores
 
-    rgb = (x * backbone._std + backbone._mean).clamp(0, 1)
+    rgb = backbone.to_rgb(x).clamp(0, 1)
     for name, fn in (("cnn", lambda: backbone.class_probabilities(x)),
                      ("concepts", lambda: concept_scores(rgb, sigma=backbone.concepts.sigma))):
         best = float("inf")
@@ -150,6 +148,7 @@ def cost_per_image(backbone, n: int = 64, repeats: int = 3) -> Dict[str, float]:
 
 def main(argv=None) -> int:
     from ..backbones.packaged import PackagedBackbone
+    from ..bench import load_average
 
     ap = argparse.ArgumentParser(prog="python -m engine eval concepts", description=__doc__.split("\n")[0])
     ap.add_argument("--split", default="val", choices=["val", "train"])
@@ -173,7 +172,7 @@ def main(argv=None) -> int:
     best = rows[0]["weights"]
     print(f"\nbest by the objective: ConceptWeights({best.tag()})  ({time.perf_counter() - t0:.0f} s)")
     cost = cost_per_image(backbone)
-    print(f"cost per image ({torch.get_num_threads()} torch threads, load average {_load()}): CNN + class bridge "
+    print(f"cost per image ({torch.get_num_threads()} torch threads, load average {load_average()}): CNN + class bridge "
           f"{cost['cnn']:.1f} ms, colour / light concepts {cost['concepts']:.1f} ms "
           f"(+{cost['concepts'] / cost['cnn'] * 100:.0f} %)")
     return 0
@@ -181,19 +180,15 @@ def main(argv=None) -> int:
 
 def _baseline_recalls(backbone, split: str = "test") -> Dict[str, Dict[str, float]]:
     """R@10 of the training-free composers on the offline CIR split, overall and per query kind."""
+    from ..data.cir_triplets import embed_texts
     from .offline import cir_tensors, rank_queries, recall
 
     queries, gallery, gemb, pos = cir_tensors(backbone, split)
-    img = gemb[[pos[q["reference"]] for q in queries]].astype(np.float32)
-    texts = [q["text"] for q in queries]
-    with torch.no_grad():
-        txt = torch.cat([backbone.encode_texts(texts[i : i + 256]).embeddings
-                         for i in range(0, len(texts), 256)]).cpu().numpy()
-    summed = img * 0.5 + txt * 0.5
-    summed /= np.linalg.norm(summed, axis=1, keepdims=True)
+    vecs = _training_free(gemb[[pos[q["reference"]] for q in queries]].astype(np.float32),
+                          embed_texts(backbone, [q["text"] for q in queries], progress=False).numpy())
     kind = np.array([q["kind"] for q in queries])
     out = {}
-    for name, q in (("image", img), ("text", txt), ("sum", summed)):
+    for name, q in vecs.items():
         r = rank_queries(q, queries, gallery, gemb, pos)["none"]
         out[name] = {"all": recall(r)["R@10"], **{k: recall(r[kind == k])["R@10"] for k in sorted(set(kind))}}
     return out

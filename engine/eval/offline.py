@@ -30,10 +30,6 @@ EXTRA_SECTIONS = {
 }
 
 
-def _l2n(x: np.ndarray) -> np.ndarray:
-    return x / np.maximum(np.linalg.norm(x, axis=-1, keepdims=True), 1e-12)
-
-
 def cir_tensors(backbone, split: str = "test"):
     """Queries, gallery records, gallery embeddings and reference features of the offline CIR set."""
     from ..data.features import embed_paths
@@ -57,6 +53,44 @@ def reference_tokens(backbone, paths: List[Path], batch: int = 32) -> torch.Tens
             x = torch.stack([backbone.preprocess(load_image(p)) for p in paths[i : i + batch]])
             out.append(backbone.encode_images_with_tokens(x)[1].cpu())
     return torch.cat(out)
+
+
+def cir_composers(backbone, settings: Settings):
+    """({name: composer} for every registered composer that loads for ``backbone`` plus the extra checkpoint
+    variants, {name: why not} for the others)."""
+    from ..compose import COMPOSERS, ComposerUnavailable
+
+    composers, skipped = {}, {}
+    for name in COMPOSERS:
+        try:
+            composers[name] = COMPOSERS.get(name)(backbone, checkpoint_dir=settings.checkpoints)
+        except ComposerUnavailable as exc:
+            skipped[name] = str(exc)
+    composers.update(_variants(backbone, settings))
+    return composers, skipped
+
+
+def compose_queries(backbone, composers: dict, queries, ref_emb: torch.Tensor,
+                    timings: Optional[dict] = None) -> Dict[str, np.ndarray]:
+    """{composer name: query vectors (Q, D)} for the CIR ``queries`` (alpha 0.5), the reference embeddings
+    ``ref_emb`` (Q, D) given; visual tokens are computed only when a composer needs them (Context-I2W).
+    ``timings``: filled with each composer's ms per query (the token extraction not counted)."""
+    from ..compose import Query
+    from ..data.formats import image_path
+
+    tokens = None
+    if any(getattr(c, "name", "") == "context-i2w" for c in composers.values()):
+        tokens = reference_tokens(backbone, [image_path("cir", q["reference"]) for q in queries])
+    out = {}
+    with torch.no_grad():
+        for name, comp in composers.items():
+            t = time.perf_counter()
+            out[name] = np.stack([comp.compose(Query(text=q["text"], image_embedding=ref_emb[i], has_image=True,
+                                                     alpha=0.5, image_tokens=None if tokens is None else tokens[i])
+                                               ).vector for i, q in enumerate(queries)])
+            if timings is not None:
+                timings[name] = (time.perf_counter() - t) / len(queries) * 1e3
+    return out
 
 
 def rank_queries(qvecs: np.ndarray, queries, gallery, gemb, pos, expanders: Optional[dict] = None,
@@ -94,20 +128,11 @@ def recall(ranks: np.ndarray, ks=KS) -> Dict[str, float]:
 def evaluate_cir(backbone, settings: Settings, split: str = "test", nqe: int = 8, ics_type: str = "ics-64",
                  ics_rerank: int = 64):
     """Recall@K of every available composer, with and without each expander."""
-    from ..compose import COMPOSERS, ComposerUnavailable, Query
-    from ..data.formats import image_path
     from ..expand import EXPANDERS, ExpanderUnavailable
 
     queries, gallery, gemb, pos = cir_tensors(backbone, split)
     ref_emb = torch.from_numpy(gemb[[pos[q["reference"]] for q in queries]])
-    composers, skipped = {}, {}
-    for name in COMPOSERS:
-        try:
-            composers[name] = COMPOSERS.get(name)(backbone, checkpoint_dir=settings.checkpoints)
-        except ComposerUnavailable as exc:
-            skipped[name] = str(exc)
-    for name, extra in _variants(backbone, settings).items():
-        composers[name] = extra
+    composers, skipped = cir_composers(backbone, settings)
     expanders = {}
     for name in EXPANDERS:
         if name == "none":
@@ -117,9 +142,6 @@ def evaluate_cir(backbone, settings: Settings, split: str = "test", nqe: int = 8
                                                   fingerprint=backbone.fingerprint)
         except ExpanderUnavailable as exc:
             skipped[f"expander {name}"] = str(exc)
-    tokens = None
-    if any(getattr(c, "name", "") == "context-i2w" for c in composers.values()):
-        tokens = reference_tokens(backbone, [image_path("cir", q["reference"]) for q in queries])
     ics = None
     try:
         from ..index.vectors import create_vector_index
@@ -133,16 +155,8 @@ def evaluate_cir(backbone, settings: Settings, split: str = "test", nqe: int = 8
     results, kinds = {}, sorted({q["kind"] for q in queries})
     kind_of = np.array([q["kind"] for q in queries])
     timings = {}
-    for name, comp in composers.items():
-        t = time.perf_counter()
-        vecs = []
-        with torch.no_grad():
-            for i, q in enumerate(queries):
-                query = Query(text=q["text"], image_embedding=ref_emb[i], has_image=True, alpha=0.5,
-                              image_tokens=None if tokens is None else tokens[i])
-                vecs.append(comp.compose(query).vector)
-        timings[name] = (time.perf_counter() - t) / len(queries) * 1e3
-        qvecs = np.stack(vecs)
+    all_vecs = compose_queries(backbone, composers, queries, ref_emb, timings)
+    for name, qvecs in all_vecs.items():
         ranks = rank_queries(qvecs, queries, gallery, gemb, pos, expanders, nqe=nqe)
         if ics is not None:  # the compact index: Hamming short-list of R, then exact re-rank
             _, short = ics.search(qvecs, ics_rerank)

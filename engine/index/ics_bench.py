@@ -24,6 +24,7 @@ from typing import Dict, Optional, Sequence
 
 import numpy as np
 
+from ..bench import load_average
 from ..eval.metrics import map_at_n
 from ..train.ics import train_ics
 from .ics import ICSConfig, labels_to_matrix
@@ -142,14 +143,6 @@ def stage_costs(idx: CompactBinaryIndex, q: np.ndarray) -> Dict:
     return out
 
 
-def load_average() -> str:
-    """The 1-, 5- and 15-minute load averages (what else wanted the cores while this ran)."""
-    try:
-        return " ".join(Path("/proc/loadavg").read_text().split()[:3])
-    except OSError:
-        return "unknown"
-
-
 def million_table(n: int = 1_000_000, dim: int = 512, queries: int = 100, rerank: int = 1000,
                   clusters: int = 1000, epochs: int = 15, seed: int = 0, progress: bool = False,
                   threads: int = 1) -> Dict:
@@ -195,14 +188,14 @@ def million_table(n: int = 1_000_000, dim: int = 512, queries: int = 100, rerank
             ids = np.concatenate([idx.search(row[None], 10)[1] for row in q])
             passes = _pass_ms(lambda row: idx.search(row[None], 10), q)
             ms = min(passes)
-            out.setdefault("load", {})[name] = load_average()
+            out.setdefault("load", {})[name] = load_average(3)
             recall = float(np.mean([len(set(a) & set(b)) / 10 for a, b in zip(ids, exact)]))
             out["rows"][name] = {"bytes": idx.bytes_per_item(), "bytes_with_rerank": idx.bytes_per_item() + 2 * dim,
                                  "ms": ms, "ms_median": float(np.median(passes)), "speedup": float_ms / ms,
                                  "recall@10": recall, "build_s": build_s}
             if name == "ics-64":
                 out["limits"] = stage_costs(idx, q)
-                out["limits"]["load"] = load_average()
+                out["limits"]["load"] = load_average(3)
                 out["ivf"] = ivf_rows(idx, q, exact, qv, exact_v, threads)
         return out
     finally:
@@ -248,7 +241,7 @@ def ivf_rows(flat_idx: CompactBinaryIndex, q, exact, qv, exact_v, threads: int =
     return {"nlist": int(idx.index.nlist), "nprobe": chosen["nprobe"], "rerank": chosen["rerank"], "build_s": build_s,
             "validation": curve, "qualified": bool(ok), "ms": min(passes), "ms_median": float(np.median(passes)),
             "recall@10": _recall(ids, exact),
-            "probe_ms": min(_pass_ms(lambda c: idx.index.search(c, idx.rerank), qcodes)), "load": load_average()}
+            "probe_ms": min(_pass_ms(lambda c: idx.index.search(c, idx.rerank), qcodes)), "load": load_average(3)}
 
 
 def bench_ics(bits_list: Sequence[int] = (16, 32, 64, 128), epochs: int = 8, rerank: int = 1000,

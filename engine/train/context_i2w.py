@@ -331,14 +331,9 @@ def pseudo_prompt_embeddings(backbone, mapper: ContextI2WMapper, tokens: torch.T
     """L2-normalised text embeddings of ``prompt`` (default: the training prompt) with each row's S*.
 
     ``global_dropout`` (training only): the share of rows whose global branch is dropped, so S* comes
-    from the local branch alone for them; the local branch then has to carry the image, which keeps the
-    gate from settling at 0 (the global branch alone already fits the contrastive loss)."""
-    if global_dropout > 0:
-        g, loc = mapper.parts(context, tokens)
-        keep = (torch.rand(g.shape[0], 1, device=g.device) >= global_dropout).to(g.dtype)
-        s = keep * g + torch.tanh(mapper.gate) * loc
-    else:
-        s = mapper(context, tokens)
+    from the local branch alone for them, so the local branch has to carry the image (meant to keep the gate
+    from settling at 0; on the packaged backbone it did not: docs/context_i2w.md)."""
+    s = mapper(context, tokens, global_dropout)
     prompt = prompt or build_prompt(mapper.config, None)
     return backbone.encode_texts_with_pseudo([prompt] * s.shape[0], s.float())
 

@@ -331,10 +331,16 @@ def contrastive_loss(z: torch.Tensor, y: torch.Tensor, margin: float) -> torch.T
     return (y * z.pow(2) + (1 - y) * torch.clamp(margin - z, min=0).pow(2)).mean()
 
 
-def ranking_loss(s_pos: torch.Tensor, s_neg: torch.Tensor, temperature: float) -> torch.Tensor:
+def ranking_loss(s_pos: torch.Tensor, s_neg: torch.Tensor, temperature: float,
+                 pos_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Mean over every (positive, negative) pair of a query of softplus((s_neg - s_pos) / T): a smooth count
-    of negatives ranked above positives (1 - AUC) for similarities s_pos (B, P) and s_neg (B, H)."""
-    return torch.nn.functional.softplus((s_neg[:, None, :] - s_pos[:, :, None]) / temperature).mean()
+    of negatives ranked above positives (1 - AUC) for similarities s_pos (B, P) and s_neg (B, H).
+    ``pos_mask`` (B, P): only these positives count, each query's pairs averaged, then the queries."""
+    pairs = torch.nn.functional.softplus((s_neg[:, None, :] - s_pos[:, :, None]) / temperature).mean(2)
+    if pos_mask is None:
+        return pairs.mean()
+    m = pos_mask.to(pairs.dtype)
+    return ((pairs * m).sum(1) / m.sum(1).clamp(min=1)).mean()
 
 
 def weight_loss(w: torch.Tensor, rel: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -440,8 +446,7 @@ def fixed_loss(model: LAttQEModel, x: np.ndarray, y: Sequence, k: int, cfg: Opti
     other = y[qt][:, None] != y[None, :]
     s_neg = torch.topk(s.masked_fill(~other, -float("inf")), min(cfg.rank_negatives, int(other.sum(1).min())),
                        dim=1).values
-    pairs = torch.nn.functional.softplus((s_neg[:, None, :] - s[:, :, None]) / cfg.rank_temperature).mean(2)
-    rank = float(((pairs * same).sum(1) / same.sum(1).clamp(min=1)).mean())
+    rank = float(ranking_loss(s, s_neg, cfg.rank_temperature, same))
     return {"contrastive": contrastive, "bce": bce, "weight": brier, "rank": rank,
             "loss": contrastive + cfg.bce_weight * bce + cfg.weight_loss * brier + cfg.rank_loss * rank}
 
@@ -560,17 +565,15 @@ def choose_floor(model: LAttQEModel, val_x: np.ndarray, val_y: Sequence, cfg: Op
     ks = [min(k, len(vx) - 1) for k in nqes]
     none = qe_map("none", vx, vy, ks[0], qids)
 
-    def by_floor(map_at):  # {floor: [mAP at each k]} and the floor with the best mean (ties: the larger)
-        table = {}
+    def by_floor(map_at, allowed=None):  # {floor: [mAP at each k]} and the allowed floor with the best mean
+        table = {}                         # (ties: the larger; 1.0 when none is allowed)
         for f in grid:
             model.config.weight_floor, model.config.dba_weight_floor = float(f), None
             table[float(f)] = [map_at(k) for k in ks]
-        return table, max(table, key=lambda f: (round(float(np.mean(table[f])), 6), f))
+        ok = [f for f in table if allowed is None or any(abs(f - a) < 1e-9 for a in allowed)] or [1.0]
+        return table, max(ok, key=lambda f: (round(float(np.mean(table[f])), 6), f))
 
-    table, best = by_floor(lambda k: qe_map("lattqe", vx, vy, k, qids, model=model))
-    if allowed is not None:
-        ok = [f for f in table if any(abs(f - a) < 1e-9 for a in allowed)] or [1.0]
-        best = max(ok, key=lambda f: (round(float(np.mean(table.get(f, [0.0]))), 6), f))
+    table, best = by_floor(lambda k: qe_map("lattqe", vx, vy, k, qids, model=model), allowed)
     # the gallery side (LAttDBA) gets its own floor, chosen the same way
     dba, best_dba = by_floor(lambda k: qe_map("none", vx, vy, k, qids, gallery=dba_vectors(
         vx, "lattqe", k, model=model, progress=False)))
@@ -817,27 +820,13 @@ def cir_guard(model: LAttQEModel, backbone, max_drop: float, grid: Sequence[floa
     """The query-side floors under which composed retrieval on the offline CIR ``split`` (every composer
     with a checkpoint for ``backbone``, as `eval offline` ranks) loses at most ``max_drop`` points of R@10
     to no expansion. Returns {"allowed": [...], "r10_by_floor": {floor: {composer: [none, lattqe]}}}."""
-    from ..compose import COMPOSERS, ComposerUnavailable, Query
     from ..config import Settings
-    from ..data.formats import image_path
-    from ..eval.offline import _variants, cir_tensors, rank_queries, recall, reference_tokens
+    from ..eval.offline import cir_composers, cir_tensors, compose_queries, rank_queries, recall
     from ..expand.lattqe import LAttQEExpander
 
-    settings = Settings()
     queries, gallery, gemb, pos = cir_tensors(backbone, split)
     ref = torch.from_numpy(gemb[[pos[q["reference"]] for q in queries]])
-    comps = {}
-    for name in COMPOSERS:
-        try:
-            comps[name] = COMPOSERS.get(name)(backbone, checkpoint_dir=settings.checkpoints)
-        except ComposerUnavailable:
-            pass
-    comps.update(_variants(backbone, settings))
-    tok = reference_tokens(backbone, [image_path("cir", q["reference"]) for q in queries]) \
-        if "context-i2w" in comps else None
-    qv = {n: np.stack([c.compose(Query(text=q["text"], image_embedding=ref[i], has_image=True, alpha=0.5,
-                                       image_tokens=None if tok is None else tok[i])).vector
-                       for i, q in enumerate(queries)]) for n, c in comps.items()}
+    qv = compose_queries(backbone, cir_composers(backbone, Settings())[0], queries, ref)
     expander = LAttQEExpander(model)
     saved = model.config.weight_floor
     out, allowed = {}, []
