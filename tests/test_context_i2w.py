@@ -234,6 +234,30 @@ def test_global_dropout_opens_the_gate_and_select_best_keeps_the_best_epoch(tiny
     assert gates[0.5] > gates[0.0] and gates[0.5] > 0.1, gates
 
 
+def test_local_zero_init_starts_from_the_global_branch_and_the_local_branch_then_learns(tiny_b, crops):
+    """With the local branch's last layer at zero and the gate open, S* starts exactly as the global branch's
+    output (no random local noise); training then gives the local branch an output of its own."""
+    from engine.train.context_i2w import TrainConfig, prepare_features, train_mapper
+
+    ftr = prepare_features(tiny_b, crops[0], progress=False)
+    torch.manual_seed(0)
+    m = _mapper(tiny_b)
+    cfg = TrainConfig(epochs=4, batch_size=16, lr=1e-3, warmup_steps=5, gate_init=0.3, local_zero_init=True,
+                      global_dropout=0.3)
+    train_mapper(tiny_b, m, ftr, cfg, progress=False, max_steps=0)
+    _, tok = _tokens(tiny_b, 3)
+    ctx = tiny_b.encode_texts(["* a", "* b", "* c"]).embeddings
+    m.eval()
+    g, loc = m.parts(ctx, tok)
+    assert m.gate_value() == pytest.approx(0.3, abs=1e-6)
+    assert float(loc.abs().max()) == 0.0 and torch.allclose(m(ctx, tok), g)
+    train_mapper(tiny_b, m, ftr, cfg, progress=False)
+    m.eval()
+    g, loc = m.parts(ctx, tok)
+    assert abs(m.gate_value()) > 0.1
+    assert float((m.gate.tanh() * loc).norm(dim=-1).min()) > 0.05 * float(g.norm(dim=-1).max())
+
+
 def test_recoloured_pairs_name_the_new_colour(monkeypatch):
     from engine.data import cir_triplets
     from engine.data.cir_triplets import Triplet

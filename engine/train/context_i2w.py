@@ -309,6 +309,7 @@ class TrainConfig:
     global_dropout: float = 0.0  # see pseudo_prompt_embeddings
     cosine_weight: float = 0.0  # + this * mean(1 - cos(prompt embedding, image embedding)) (a direct fit)
     gate_init: float = 0.0  # tanh(gate) at the start (the paper's code starts at 0)
+    local_zero_init: bool = False  # the local branch's last layer starts at zero (its output starts at 0)
 
 
 def contrastive_loss(image: torch.Tensor, text: torch.Tensor, scale: float) -> torch.Tensor:
@@ -331,8 +332,9 @@ def pseudo_prompt_embeddings(backbone, mapper: ContextI2WMapper, tokens: torch.T
     """L2-normalised text embeddings of ``prompt`` (default: the training prompt) with each row's S*.
 
     ``global_dropout`` (training only): the share of rows whose global branch is dropped, so S* comes
-    from the local branch alone for them, so the local branch has to carry the image (meant to keep the gate
-    from settling at 0; on the packaged backbone it did not: docs/context_i2w.md)."""
+    from the local branch alone for them, so the local branch has to carry the image. With the gate at 0 that
+    does nothing (those rows get S* = 0 and the local branch no gradient); it is meant for a gate started open
+    (``gate_init``) with the local branch's output started at zero (``local_zero_init``): docs/context_i2w.md."""
     s = mapper(context, tokens, global_dropout)
     prompt = prompt or build_prompt(mapper.config, None)
     return backbone.encode_texts_with_pseudo([prompt] * s.shape[0], s.float())
@@ -412,9 +414,13 @@ def train_mapper(backbone, mapper: ContextI2WMapper, feats: PairFeatures, cfg: T
         sched.load_state_dict(st["scheduler"])
         start_epoch, step, history = int(st["epoch"]), int(st["step"]), list(st["history"])
         rng = np.random.default_rng(cfg.seed + start_epoch)
-    elif cfg.gate_init:
+    else:
         with torch.no_grad():
-            mapper.gate.fill_(math.atanh(cfg.gate_init))
+            if cfg.gate_init:
+                mapper.gate.fill_(math.atanh(cfg.gate_init))
+            if cfg.local_zero_init:
+                mapper.local_branch.out.weight.zero_()
+                mapper.local_branch.out.bias.zero_()
     scale = float(backbone.logit_scale)
     best = None
     for epoch in range(start_epoch, cfg.epochs):
@@ -684,12 +690,16 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--seed", type=int, default=t.seed)
     ap.add_argument("--no-amp", action="store_true")
     ap.add_argument("--global-dropout", type=float, default=t.global_dropout,
-                    help="share of training rows whose S* comes from the local branch alone (keeps the gate open)")
+                    help="share of training rows whose S* comes from the local branch alone "
+                         "(with --gate-init and --local-zero-init: trains the local branch)")
     ap.add_argument("--cosine-weight", type=float, default=t.cosine_weight,
                     help="add this times mean(1 - cos) between prompt and image embeddings to the loss")
     ap.add_argument("--select-best", action="store_true",
                     help="end with the epoch whose held-out pseudo-word R@10 is best (evaluated every epoch)")
     ap.add_argument("--gate-init", type=float, default=t.gate_init, help="tanh(gate) at the start of training")
+    ap.add_argument("--local-zero-init", action="store_true",
+                    help="start the local branch's last layer at zero, so S* starts as the global branch's output "
+                         "whatever the gate")
     ap.add_argument("--eval-cir", default="test", help="also evaluate on this split of the offline 'cir' set ('' = no)")
     ap.add_argument("--eval-only", action="store_true", help="evaluate the checkpoint at --out/--name, no training")
     ap.add_argument("--report", default=None, help="write history + held-out numbers to this JSON file")
@@ -803,7 +813,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             raise InputError("--global-dropout must be in [0, 1) and --gate-init in (-1, 1)")
         cfg = TrainConfig(args.epochs, args.batch_size, args.lr, args.weight_decay, args.warmup_steps, args.seed,
                           amp=not args.no_amp, global_dropout=args.global_dropout, gate_init=args.gate_init,
-                          cosine_weight=args.cosine_weight)
+                          cosine_weight=args.cosine_weight, local_zero_init=args.local_zero_init)
         record["train_config"] = asdict(cfg)
         vsel = prepare_features(backbone, val, progress=progress) if (args.select_best and val) else None
         history = train_mapper(backbone, mapper, feats, cfg, out=out, run_dir=run_dir, resume=args.resume,
