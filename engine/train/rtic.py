@@ -57,6 +57,7 @@ class TrainConfig:
     step_gamma: float = 1.0 / math.sqrt(2.0)
     loss: str = "dml"  # dml | triplet
     margin: float = 0.2
+    cos_weight: float = 0.0  # + cos_weight * mean(1 - cos(composed, target)): keeps outputs near the images
     seed: int = 0
     # GCN stream
     gcn: bool = False
@@ -113,10 +114,14 @@ def batch_hard_triplet_loss(
 
 def pair_loss(model: RTIC, out: torch.Tensor, tgt_emb: torch.Tensor, mask: torch.Tensor, cfg: TrainConfig):
     if cfg.loss == "dml":
-        return dml_loss(out, tgt_emb, model.logit_scale, mask)
-    if cfg.loss == "triplet":
-        return batch_hard_triplet_loss(out, tgt_emb, cfg.margin, mask)
-    raise InputError(f"unknown loss {cfg.loss!r}; use dml or triplet")
+        loss = dml_loss(out, tgt_emb, model.logit_scale, mask)
+    elif cfg.loss == "triplet":
+        loss = batch_hard_triplet_loss(out, tgt_emb, cfg.margin, mask)
+    else:
+        raise InputError(f"unknown loss {cfg.loss!r}; use dml or triplet")
+    if cfg.cos_weight:
+        loss = loss + cfg.cos_weight * (1.0 - F.cosine_similarity(out, tgt_emb, dim=1)).mean()
+    return loss
 
 
 # -- training ----------------------------------------------------------------------------------------------
@@ -506,7 +511,8 @@ def _parser() -> argparse.ArgumentParser:
     d = TrainConfig()
     for name in ("epochs", "batch_size", "step_every", "gcn_layers", "seed", "gcn_epochs", "gcn_batch_size"):
         ap.add_argument("--" + name.replace("_", "-"), type=int, default=getattr(d, name))
-    for name in ("lr", "weight_decay", "momentum", "step_gamma", "margin", "gcn_weight", "pair_weight", "density", "p"):
+    for name in ("lr", "weight_decay", "momentum", "step_gamma", "margin", "cos_weight", "gcn_weight", "pair_weight",
+                 "density", "p"):
         ap.add_argument("--" + name.replace("_", "-"), type=float, default=getattr(d, name))
     ap.add_argument("--optimizer", default=d.optimizer, choices=["adamw", "sgd"])
     ap.add_argument("--loss", default=d.loss, choices=["dml", "triplet"])
