@@ -40,6 +40,7 @@ from engine.train.rtic import (
     fit,
     main,
     negatives_mask,
+    pair_loss,
     split_by_reference_group,
     synthetic_triplets,
     train_rtic,
@@ -264,6 +265,21 @@ def test_dml_loss_matches_direct_computation():
         .masked_fill(mask, float("-inf")), torch.arange(5), reduction="none")
     assert float(per_row[0]) == pytest.approx(row0, rel=1e-5)
     assert float(dml_loss(comp, tgt, scale, mask)) == pytest.approx(float(per_row.mean()), rel=1e-6)
+
+
+def test_cosine_term_adds_the_mean_distance_to_the_targets():
+    torch.manual_seed(5)
+    model = RTIC(RTICConfig(dim=6)).requires_grad_(False)
+    comp, tgt = torch.randn(4, 6), torch.randn(4, 6)
+    mask = torch.zeros(4, 4, dtype=torch.bool)
+    plain = float(pair_loss(model, comp, tgt, mask, TrainConfig()))
+    assert plain == pytest.approx(float(dml_loss(comp, tgt, model.logit_scale, mask)), rel=1e-6)
+    dist = sum(1 - float(comp[i] @ tgt[i] / (comp[i].norm() * tgt[i].norm())) for i in range(4)) / 4
+    with_cos = float(pair_loss(model, comp, tgt, mask, TrainConfig(cos_weight=0.3)))
+    assert with_cos == pytest.approx(plain + 0.3 * dist, rel=1e-5)
+    # the term is zero for outputs on their targets' directions, whatever their length
+    assert float(pair_loss(model, 2 * tgt, tgt, mask, TrainConfig(cos_weight=5.0))) == pytest.approx(
+        float(dml_loss(2 * tgt, tgt, model.logit_scale, mask)), abs=1e-5)
 
 
 def test_negatives_mask_and_batch_hard_triplet():

@@ -25,3 +25,64 @@ def tone_edit(rgb: torch.Tensor, kind: str) -> torch.Tensor:
         tint = torch.tensor([0.8, 0.9, 1.25], dtype=rgb.dtype, device=rgb.device).view(3, 1, 1)
         return ((rgb.clamp(0, 1) ** 1.8) * 0.35 * tint).clamp(0, 1)
     raise ValueError(f"unknown tone edit {kind!r}; choose one of {', '.join(TONE_TEXTS)}")
+
+
+# -- tone-edit triplets of the offline CIR set (RTIC training with --tone-edits, and its validation) --------
+
+TONE_EDITS = tuple(TONE_TEXTS)
+TONE_GALLERY = "tone"
+
+
+def edited_file(src, kind: str, root=None):
+    """Path of the ``kind`` version of the image file ``src``, written on first use (a PNG named after the
+    source's content hash under ``<cache>/tone/<kind>/``, so every backbone embeds and caches it like any
+    other file). The edit is applied to the decoded picture (alpha composited on white) at its own size."""
+    from pathlib import Path
+
+    import numpy as np
+    from PIL import Image
+
+    from ..config import cache_dir
+    from ..fileio import atomic_path
+    from ..images import load_image, sha256_file
+
+    if kind not in TONE_TEXTS:
+        raise ValueError(f"unknown tone edit {kind!r}; choose one of {', '.join(TONE_TEXTS)}")
+    folder = Path(root) if root is not None else cache_dir() / "tone"
+    out = folder / kind / f"{sha256_file(src)[:20]}.png"
+    if not out.is_file():
+        rgb = torch.from_numpy(np.asarray(load_image(src), dtype=np.float32) / 255.0).permute(2, 0, 1)
+        edited = (tone_edit(rgb, kind).permute(1, 2, 0).numpy() * 255.0).round().clip(0, 255).astype(np.uint8)
+        with atomic_path(out) as tmp:
+            Image.fromarray(edited).save(tmp, format="PNG")
+    return out
+
+
+def tone_triplets(photos, edits=TONE_EDITS, root=None):
+    """Tone-edit queries over a list of photo files: from each photo to each of its edited versions, the
+    text one of that edit's phrasings (alternating over the photos), the target its own edited version.
+
+    Returns ``(triplets, gallery)``: :class:`engine.data.cir_triplets.Triplet` records (``meta``:
+    ``kind`` = the edit, ``gallery`` = "tone") and the gallery ``[(path, "tone")]`` holding every photo in
+    every version (the original and each edit), so a photo's other versions are its hardest negatives."""
+    from .cir_triplets import Triplet
+
+    photos = [str(p) for p in photos]
+    versions = {e: [str(edited_file(p, e, root)) for p in photos] for e in edits}
+    triplets = []
+    for e in edits:
+        phrasings = TONE_TEXTS[e]
+        for i, p in enumerate(photos):
+            triplets.append(Triplet(f"tone:{e}:{i}", p, phrasings[i % len(phrasings)], [versions[e][i]],
+                                    {"kind": e, "gallery": TONE_GALLERY}))
+    gallery = [(p, TONE_GALLERY) for p in photos] + [(v, TONE_GALLERY) for e in edits for v in versions[e]]
+    return triplets, gallery
+
+
+def offline_cir_photos(split: str):
+    """The photo files of one split of the offline CIR set: its gallery's ``photos`` entries (originals and
+    recoloured versions; the Twemoji drawings are left out, as ``eval concepts`` does)."""
+    from .formats import image_path, load_split
+
+    paths = [image_path("cir", g["image"]) for g in load_split("cir", f"{split}_gallery") if g.get("gallery") == "photos"]
+    return [p for p in paths if p.is_file()]

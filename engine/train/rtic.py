@@ -12,6 +12,11 @@ Trains on precomputed (reference, text, target) embeddings of a frozen backbone
   gcn_weight * BCE. The GCN stream is dropped afterwards: the checkpoint holds only the main stream.
 * optimiser: AdamW (default) or SGD (momentum 0.9) with a step decay x gamma every ``step_every``
   epochs (the paper's unified setting: SGD, lr 0.01, gamma 1/sqrt(2), every 10 epochs).
+* ``--tone-edits`` (``--data cir``): the training split's photos also become tone-edit triplets
+  (:func:`engine.data.tone.tone_triplets`: photo + "at night" / "in black and white" -> its own edited
+  version), because the offline CIR set has colour edits but no light or tone edits. With ``--data cir`` the
+  held-out report also ranks the held-out split's photos' tone edits among every version of those photos
+  (``held_out_tone``), trained with them or not.
 * a run folder (``runs/rtic/<name>`` by default) keeps ``state.pt`` after every epoch for ``--resume``
   and ``history.json``; the final model goes to ``<out>/rtic[-gcn]-<backbone>.safetensors``.
 
@@ -52,6 +57,7 @@ class TrainConfig:
     step_gamma: float = 1.0 / math.sqrt(2.0)
     loss: str = "dml"  # dml | triplet
     margin: float = 0.2
+    cos_weight: float = 0.0  # + cos_weight * mean(1 - cos(composed, target)): keeps outputs near the images
     seed: int = 0
     # GCN stream
     gcn: bool = False
@@ -108,10 +114,14 @@ def batch_hard_triplet_loss(
 
 def pair_loss(model: RTIC, out: torch.Tensor, tgt_emb: torch.Tensor, mask: torch.Tensor, cfg: TrainConfig):
     if cfg.loss == "dml":
-        return dml_loss(out, tgt_emb, model.logit_scale, mask)
-    if cfg.loss == "triplet":
-        return batch_hard_triplet_loss(out, tgt_emb, cfg.margin, mask)
-    raise InputError(f"unknown loss {cfg.loss!r}; use dml or triplet")
+        loss = dml_loss(out, tgt_emb, model.logit_scale, mask)
+    elif cfg.loss == "triplet":
+        loss = batch_hard_triplet_loss(out, tgt_emb, cfg.margin, mask)
+    else:
+        raise InputError(f"unknown loss {cfg.loss!r}; use dml or triplet")
+    if cfg.cos_weight:
+        loss = loss + cfg.cos_weight * (1.0 - F.cosine_similarity(out, tgt_emb, dim=1)).mean()
+    return loss
 
 
 # -- training ----------------------------------------------------------------------------------------------
@@ -438,6 +448,19 @@ def _load_triplets(args, split: str):
     return trips, gallery
 
 
+def tone_set(backbone, split: str, progress: bool = True):
+    """The tone-edit queries of one split's photos of the offline CIR set, embedded: (TripletSet with the
+    gallery of every photo in every version, triplets, gallery [(path, "tone")])."""
+    from ..data.cir_triplets import embed_triplets
+    from ..data.tone import offline_cir_photos, tone_triplets
+
+    triplets, gallery = tone_triplets(offline_cir_photos(split))
+    if not triplets:
+        raise InputError(f"the {split} split of the offline CIR set has no photos to make tone edits of")
+    data = embed_triplets(backbone, triplets, progress=progress, gallery=[p for p, _ in gallery])
+    return data, triplets, gallery
+
+
 def evaluate_by_kind(data: TripletSet, triplets, gallery, models, ks=(1, 10, 50)) -> Dict[str, Dict]:
     """Held-out recalls per query kind (``meta['kind']``), each ranked against the gallery of its kind
     (``meta['gallery']``, e.g. twemoji vs photos) when the set defines one."""
@@ -470,6 +493,9 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--run-dir", default=None, help="resume state and history (default runs/rtic/<data>-<backbone>)")
     ap.add_argument("--resume", action="store_true")
     ap.add_argument("--report", default=None, help="write history + held-out recalls to this JSON file")
+    ap.add_argument("--tone-edits", action="store_true",
+                    help="cir: also train on the training photos' black-and-white and night edits "
+                         "(photo + 'at night' -> its night version; engine.data.tone)")
     ap.add_argument("--max-targets", type=int, default=3,
                     help="training rows per query with many targets (e.g. category change); 0 = all")
     # model
@@ -485,7 +511,8 @@ def _parser() -> argparse.ArgumentParser:
     d = TrainConfig()
     for name in ("epochs", "batch_size", "step_every", "gcn_layers", "seed", "gcn_epochs", "gcn_batch_size"):
         ap.add_argument("--" + name.replace("_", "-"), type=int, default=getattr(d, name))
-    for name in ("lr", "weight_decay", "momentum", "step_gamma", "margin", "gcn_weight", "pair_weight", "density", "p"):
+    for name in ("lr", "weight_decay", "momentum", "step_gamma", "margin", "cos_weight", "gcn_weight", "pair_weight",
+                 "density", "p"):
         ap.add_argument("--" + name.replace("_", "-"), type=float, default=getattr(d, name))
     ap.add_argument("--optimizer", default=d.optimizer, choices=["adamw", "sgd"])
     ap.add_argument("--loss", default=d.loss, choices=["dml", "triplet"])
@@ -517,8 +544,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             Path(args.report).write_text(json.dumps(rows, indent=2))
         return 0
 
+    if args.tone_edits and args.data != "cir":
+        raise InputError("--tone-edits needs --data cir: the tone edits are made from the offline CIR set's photos")
     device = resolve_device(args.device)
     cfg = TrainConfig.from_dict({**vars(args), "device": device})
+    n_tone, tone = 0, None  # tone-edit training triplets; the held-out split's tone-edit set (cir only)
     if args.data == "synthetic":
         full = synthetic_triplets(n_objects=args.synthetic_objects, dim=args.synthetic_dim, seed=args.seed)
         n_att = len(full.texts)
@@ -532,11 +562,19 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         fingerprint, backbone_name = backbone.fingerprint, backbone.name
         progress = not args.quiet
         train_trips, _ = _load_triplets(args, args.train_split)
+        if args.tone_edits:
+            from ..data.tone import offline_cir_photos, tone_triplets
+
+            tone_trips = tone_triplets(offline_cir_photos(args.train_split))[0]
+            n_tone = len(tone_trips)
+            train_trips = train_trips + tone_trips
         train = embed_triplets(backbone, train_trips, progress=progress, max_targets=args.max_targets)
         test = None
         if args.eval_split:
             test_trips, test_gallery = _load_triplets(args, args.eval_split)
             test = embed_triplets(backbone, test_trips, progress=progress, gallery=[p for p, _ in test_gallery])
+            if args.data == "cir":
+                tone, tone_trips_eval, tone_gallery = tone_set(backbone, args.eval_split, progress=progress)
     model_cfg = RTICConfig(
         dim=train.dim, n_blocks=args.n_blocks, inner_skip=not args.no_inner_skip, gating=not args.no_gate,
         text_proj=args.text_proj, image_proj=args.image_proj, negative_slope=args.leaky_slope,
@@ -544,6 +582,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     slug = checkpoint_name(backbone_name).removeprefix("rtic-").removesuffix(".safetensors")
     run_dir = Path(args.run_dir) if args.run_dir else ROOT / "runs" / "rtic" / f"{args.data}-{slug}"
     run_dir.mkdir(parents=True, exist_ok=True)
+    if n_tone:
+        print(f"tone edits: {n_tone} of the training triplets (the {args.train_split} split's photos)")
     print(f"RTIC: {len(train)} training triplets, D={train.dim}, "
           f"{count_parameters(RTIC(model_cfg)):,} parameters, backbone {fingerprint}")
     result = train_rtic(train, model_cfg, cfg, run_dir=run_dir, resume=args.resume, fingerprint=fingerprint,
@@ -555,11 +595,20 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     for kind, ms in by_kind.items():
         print(f"[{kind}: {ms['queries']} queries] " + "  ".join(
             f"{name} R@1/10={m['R@1']:.1f}/{m['R@10']:.1f}" for name, m in ms.items() if name != "queries"))
+    tone_metrics = evaluate_rtic(tone, result["models"]) if tone is not None else {}
+    tone_by_kind = evaluate_by_kind(tone, tone_trips_eval, tone_gallery, result["models"]) if tone is not None else {}
+    for name, m in tone_metrics.items():
+        print(f"tone {name:10s} " + "  ".join(f"{k}={v:6.2f}" for k, v in m.items()))
+    for kind, ms in tone_by_kind.items():
+        print(f"[tone {kind}: {ms['queries']} queries] " + "  ".join(
+            f"{name} R@1/10={m['R@1']:.1f}/{m['R@10']:.1f}" for name, m in ms.items() if name != "queries"))
     if result["graph"]:
         print("graph:", json.dumps(result["graph"]))
     report = {"train_config": asdict(cfg), "model_config": asdict(model_cfg), "train_triplets": len(train),
               "test_triplets": len(test) if test is not None else 0, "history": result["history"],
               "graph": result["graph"], "held_out": metrics, "held_out_by_kind": by_kind,
+              "held_out_tone": tone_metrics, "held_out_tone_by_kind": tone_by_kind,
+              "tone_edits": bool(args.tone_edits), "tone_triplets": n_tone,
               "eval_split": args.eval_split, "backbone_fingerprint": fingerprint,
               "data": args.data}
     (run_dir / "history.json").write_text(json.dumps(report, indent=2))
@@ -574,6 +623,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                  "held_out": metrics.get(variant, {}), "history": result["history"][variant],
                  # every method on the same split (engine.checkpoints.default_method reads it when it is 'val')
                  "held_out_all": metrics, "eval_split": args.eval_split,
+                 # the same split's photos' tone edits (R@1 decides there: each photo has three versions)
+                 "held_out_tone": tone_metrics, "tone_edits": bool(args.tone_edits),
                  "graph": result["graph"] if variant == "rtic+gcn" else None}
         save_checkpoint(path, model, fingerprint, backbone_name, extra)
         print(f"saved {variant} -> {path}")
