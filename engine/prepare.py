@@ -41,6 +41,10 @@ from .checkpoints import file_name, prepared_dir, slug
 from .errors import EngineError, InputError
 
 PARTS = ("context-i2w", "rtic", "lattqe", "ics")
+# training options of the shipped packaged checkpoints, so a prepared part is trained the same way
+CONTEXT_I2W_SMALL_RECIPE = ["--gate-init", "0.3", "--local-zero-init", "--global-dropout", "0.5",
+                            "--cosine-weight", "1.0"]
+RTIC_OFFLINE_RECIPE = ["--tone-edits", "--cos-weight", "0.3"]
 SHARE = {"context-i2w": 0.45, "rtic": 0.20, "lattqe": 0.20, "ics": 0.15}
 ICS_BITS = 64
 LATTQE_SETS = "emoji,photos"
@@ -140,8 +144,8 @@ def _argv(part: str, spec: str, device: str, out: Path, run_dir: Path, units: in
              "--epochs", str(epochs), "--max-pairs", str(pairs), "--eval-cir", ""]
         if probe:
             a += ["--val-split", "", "--val-fraction", "0"]
-        if small:
-            a.append("--small")
+        if small:  # the small mapper with the shipped packaged checkpoint's recipe (docs/context_i2w.md)
+            a += ["--small", *CONTEXT_I2W_SMALL_RECIPE]
         if not probe and (run_dir / "state.pt").exists():
             a.append("--resume")
     elif part == "rtic":
@@ -152,6 +156,8 @@ def _argv(part: str, spec: str, device: str, out: Path, run_dir: Path, units: in
             a += ["--data", "fashioniq", "--root", data["fashioniq"]]
         elif "cirr" in data:
             a += ["--data", "cirr", "--root", data["cirr"]]
+        else:  # the offline CIR set, with the shipped checkpoints' tone edits and cosine term (docs/rtic.md)
+            a += RTIC_OFFLINE_RECIPE
         if not probe and any(run_dir.glob("*state*")):
             a.append("--resume")
     elif part == "lattqe":

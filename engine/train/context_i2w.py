@@ -520,6 +520,19 @@ def evaluate_pairs(backbone, mapper: ContextI2WMapper, feats: PairFeatures, ks: 
     return {"context-i2w": _recall(q @ gallery.T, targets, ks), "text (caption)": _recall(caps @ gallery.T, targets, ks)}
 
 
+def local_share(mapper: ContextI2WMapper, feats: PairFeatures, batch_size: int = 256) -> float:
+    """Median over ``feats`` of ||tanh(gate) · local|| / ||global||: how much of S* the local branch carries
+    (0 when the gate is closed or the local branch outputs nothing)."""
+    mapper.eval()
+    ratios = []
+    with torch.no_grad():
+        for i in range(0, len(feats), batch_size):
+            _, tok, ctx = _batch(feats, np.arange(i, min(i + batch_size, len(feats))), mapper.gate.device)
+            g, loc = mapper.parts(ctx, tok)
+            ratios.append((torch.tanh(mapper.gate) * loc).norm(dim=-1) / g.norm(dim=-1).clamp_min(1e-12))
+    return float(torch.cat(ratios).median()) if ratios else float("nan")
+
+
 def evaluate_context_i2w(backbone, mapper: ContextI2WMapper, triplets: Sequence[dict],
                          gallery: Optional[Sequence[str]] = None, ks: Sequence[int] = (1, 5, 10),
                          alpha: float = 0.5, progress: bool = True,
@@ -823,7 +836,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if val:
         vfeats = prepare_features(backbone, val, progress=progress)
         results["pairs"] = {"split": args.val_split or "held-out", "n": len(vfeats),
-                            "recall": evaluate_pairs(backbone, mapper, vfeats)}
+                            "recall": evaluate_pairs(backbone, mapper, vfeats),
+                            "gate": mapper.gate_value(), "local_share": local_share(mapper, vfeats)}
     if args.eval_cir:
         try:
             results["cir"] = {"split": args.eval_cir, **evaluate_cir(backbone, mapper, args.eval_cir, progress)}
