@@ -58,6 +58,13 @@ def edited_file(src, kind: str, root=None):
     return out
 
 
+def tone_queries(n_photos: int, edits=TONE_EDITS):
+    """``(photo index, edit, text)`` of every tone-edit query over ``n_photos`` photos, edit by edit: from
+    each photo to its ``edit`` version, the text one of that edit's phrasings (alternating over the photos).
+    ``""`` in ``edits`` (the photo as it is) makes no queries."""
+    return [(i, e, TONE_TEXTS[e][i % len(TONE_TEXTS[e])]) for e in edits if e for i in range(n_photos)]
+
+
 def tone_triplets(photos, edits=TONE_EDITS, root=None):
     """Tone-edit queries over a list of photo files: from each photo to each of its edited versions, the
     text one of that edit's phrasings (alternating over the photos), the target its own edited version.
@@ -69,12 +76,8 @@ def tone_triplets(photos, edits=TONE_EDITS, root=None):
 
     photos = [str(p) for p in photos]
     versions = {e: [str(edited_file(p, e, root)) for p in photos] for e in edits}
-    triplets = []
-    for e in edits:
-        phrasings = TONE_TEXTS[e]
-        for i, p in enumerate(photos):
-            triplets.append(Triplet(f"tone:{e}:{i}", p, phrasings[i % len(phrasings)], [versions[e][i]],
-                                    {"kind": e, "gallery": TONE_GALLERY}))
+    triplets = [Triplet(f"tone:{e}:{i}", photos[i], text, [versions[e][i]], {"kind": e, "gallery": TONE_GALLERY})
+                for i, e, text in tone_queries(len(photos), edits)]
     gallery = [(p, TONE_GALLERY) for p in photos] + [(v, TONE_GALLERY) for e in edits for v in versions[e]]
     return triplets, gallery
 

@@ -55,17 +55,13 @@ def _training_free(img: np.ndarray, txt: np.ndarray) -> Dict[str, np.ndarray]:
 
 def _tone_queries(n_photos: int, edits) -> tuple:
     """Queries over a gallery of every photo in every version (row e * n + i = photo i, version e):
-    from the original to each edit, the text one of that edit's phrasings; every other version of the
-    same photo is a hard negative."""
-    from ..data.tone import TONE_TEXTS
+    ``engine.data.tone.tone_queries`` (from the original to each edit); every other version of the same
+    photo is a hard negative."""
+    from ..data.tone import TONE_GALLERY, tone_queries
 
-    queries, gallery = [], [{"image": f"{e or 'orig'}/{i}", "gallery": "tone"} for e in edits for i in range(n_photos)]
-    for k, e in enumerate(edits):
-        if not e:
-            continue
-        for i in range(n_photos):
-            queries.append({"reference": f"orig/{i}", "targets": [f"{e}/{i}"], "gallery": "tone", "kind": e,
-                            "text": TONE_TEXTS[e][i % len(TONE_TEXTS[e])]})
+    gallery = [{"image": f"{e or 'orig'}/{i}", "gallery": TONE_GALLERY} for e in edits for i in range(n_photos)]
+    queries = [{"reference": f"orig/{i}", "targets": [f"{e}/{i}"], "gallery": TONE_GALLERY, "kind": e, "text": text}
+               for i, e, text in tone_queries(n_photos, edits)]
     return queries, gallery
 
 

@@ -478,6 +478,19 @@ def evaluate_by_kind(data: TripletSet, triplets, gallery, models, ks=(1, 10, 50)
     return out
 
 
+def _held_out(data, triplets, gallery, models, label: str = ""):
+    """(recalls per model, recalls per query kind) of ``data`` (None: both empty; no ``triplets``: no kinds),
+    printed one line per model and per kind, each line starting with ``label``."""
+    metrics = evaluate_rtic(data, models) if data is not None else {}
+    by_kind = evaluate_by_kind(data, triplets, gallery, models) if data is not None and triplets is not None else {}
+    for name, m in metrics.items():
+        print(f"{label}{name:10s} " + "  ".join(f"{k}={v:6.2f}" for k, v in m.items()))
+    for kind, ms in by_kind.items():
+        print(f"[{label}{kind}: {ms['queries']} queries] " + "  ".join(
+            f"{name} R@1/10={m['R@1']:.1f}/{m['R@10']:.1f}" for name, m in ms.items() if name != "queries"))
+    return metrics, by_kind
+
+
 def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m engine train rtic", description=__doc__.split("\n\n")[0])
     ap.add_argument("--data", default="cir", choices=["cir", "jsonl", "fashioniq", "cirr", "synthetic"],
@@ -549,6 +562,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     device = resolve_device(args.device)
     cfg = TrainConfig.from_dict({**vars(args), "device": device})
     n_tone, tone = 0, None  # tone-edit training triplets; the held-out split's tone-edit set (cir only)
+    test_trips = test_gallery = tone_trips_eval = tone_gallery = None  # held-out queries, where there are
     if args.data == "synthetic":
         full = synthetic_triplets(n_objects=args.synthetic_objects, dim=args.synthetic_dim, seed=args.seed)
         n_att = len(full.texts)
@@ -588,20 +602,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
           f"{count_parameters(RTIC(model_cfg)):,} parameters, backbone {fingerprint}")
     result = train_rtic(train, model_cfg, cfg, run_dir=run_dir, resume=args.resume, fingerprint=fingerprint,
                         progress=not args.quiet)
-    metrics = evaluate_rtic(test, result["models"]) if test is not None else {}
-    by_kind = evaluate_by_kind(test, test_trips, test_gallery, result["models"]) if args.data == "cir" and test is not None else {}
-    for name, m in metrics.items():
-        print(f"{name:10s} " + "  ".join(f"{k}={v:6.2f}" for k, v in m.items()))
-    for kind, ms in by_kind.items():
-        print(f"[{kind}: {ms['queries']} queries] " + "  ".join(
-            f"{name} R@1/10={m['R@1']:.1f}/{m['R@10']:.1f}" for name, m in ms.items() if name != "queries"))
-    tone_metrics = evaluate_rtic(tone, result["models"]) if tone is not None else {}
-    tone_by_kind = evaluate_by_kind(tone, tone_trips_eval, tone_gallery, result["models"]) if tone is not None else {}
-    for name, m in tone_metrics.items():
-        print(f"tone {name:10s} " + "  ".join(f"{k}={v:6.2f}" for k, v in m.items()))
-    for kind, ms in tone_by_kind.items():
-        print(f"[tone {kind}: {ms['queries']} queries] " + "  ".join(
-            f"{name} R@1/10={m['R@1']:.1f}/{m['R@10']:.1f}" for name, m in ms.items() if name != "queries"))
+    metrics, by_kind = _held_out(test, test_trips if args.data == "cir" else None, test_gallery, result["models"])
+    tone_metrics, tone_by_kind = _held_out(tone, tone_trips_eval, tone_gallery, result["models"], "tone ")
     if result["graph"]:
         print("graph:", json.dumps(result["graph"]))
     report = {"train_config": asdict(cfg), "model_config": asdict(model_cfg), "train_triplets": len(train),
