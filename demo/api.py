@@ -9,7 +9,7 @@ At most ``CIS_QUEUE_MAX`` requests wait for a worker; beyond that it answers HTT
 Request body (JSON object; only ``text`` or ``image`` is required)::
 
     {"image": "gallery:12" | "<base64 of an image file>" | null, "text": "the same but red",
-     "method": "sum", "alpha": 0.5, "k": 12, "expand": "none", "nqe": 64, "negative_text": null,
+     "method": null, "alpha": 0.5, "k": 12, "expand": "none", "nqe": null, "negative_text": null,
      "keep_reference": false, "explain": true}
 
 Errors are one plain sentence: ``{"error": "..."}`` with HTTP 400 (bad input), 413 (a body over the image
@@ -63,7 +63,7 @@ def search_kwargs(payload, settings: Settings) -> dict:
     for name in ("keep_reference", "explain"):
         if name in payload and not isinstance(payload[name], bool):
             raise InputError(f"{name} must be true or false")
-    return {"image": image, "text": payload.get("text"), "method": payload.get("method", "sum"),
+    return {"image": image, "text": payload.get("text"), "method": payload.get("method"),
             "alpha": payload.get("alpha", 0.5), "k": payload.get("k", 12), "expand": payload.get("expand", "none"),
             "nqe": payload.get("nqe", DEFAULT_NQE), "negative_text": payload.get("negative_text"),
             "explain": payload.get("explain", True), "exclude_reference": not payload.get("keep_reference", False)}

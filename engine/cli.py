@@ -15,6 +15,7 @@ TRAINERS = {
     "rtic": ("engine.train.rtic", "RTIC composer (add --gcn for the GCN stream)"),
     "lattqe": ("engine.train.lattqe", "LAttQE query expansion"),
     "ics": ("engine.train.ics", "ICS hashing head"),
+    "anchor": ("engine.train.anchor_fit", "anchor a learned composer to the weighted sum (held-out validation)"),
 }
 
 
@@ -180,11 +181,13 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--image", default=None, help="reference image path, or gallery:ID")
     sp.add_argument("--text", default=None)
     sp.add_argument("--negative", default=None, help="negative text (sum method)")
-    sp.add_argument("--method", default="sum", help="image | text | sum | context-i2w | rtic")
+    sp.add_argument("--method", default=None, help="image | text | sum | context-i2w | rtic (default: the engine's "
+                    "default method, chosen on held-out-domain validation; `info` names it)")
     sp.add_argument("--alpha", type=float, default=0.5)
     sp.add_argument("--k", type=int, default=10)
     sp.add_argument("--expand", default="none", help="none | aqe | aqewd | alpha-qe | lattqe")
-    sp.add_argument("--nqe", type=int, default=64)
+    sp.add_argument("--nqe", type=int, default=None, help="neighbours the expander uses (default: the value chosen "
+                    "on validation for that expander, capped at 2%% of the gallery)")
     sp.add_argument("--index-type", default=None, help="override the index type at load time")
     sp.add_argument("--json", action="store_true")
     sp.add_argument("--explain", action="store_true", help="per-result image/text/composed similarity")

@@ -123,7 +123,7 @@ def compare(engine: SearchEngine, image=None, text: Optional[str] = None, alpha:
             seen.setdefault(i, []).append(col.key)
     shared = {i: keys for i, keys in seen.items() if len(keys) > 1}
     query = {"image": image if isinstance(image, int) else (None if image is None else f"sha256:{ref_hash}"),
-             "text": (text or "").strip(), "alpha": float(alpha), "k": int(k), "nqe": int(nqe)}
+             "text": (text or "").strip(), "alpha": float(alpha), "k": int(k), "nqe": int(nqe or 0)}
     return CompareResult(columns, query, (time.perf_counter() - t0) * 1e3, shared, ref_hash)
 
 

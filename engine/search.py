@@ -25,7 +25,7 @@ from .index.store import GalleryIndex
 from .share import ReferenceStore
 
 log = logging.getLogger(__name__)
-DEFAULT_NQE = 64
+DEFAULT_NQE = None  # None (or 0): the nQE chosen on validation for the expander, capped by the gallery (engine.defaults)
 SAME_IMAGE_COSINE = 0.9995  # cosine at which a gallery embedding is the reference itself (float16 storage)
 
 
@@ -128,6 +128,7 @@ class SearchEngine:
             self.composers, self.unavailable = models_from.composers, models_from.unavailable
             self.expanders, self.expanders_unavailable = models_from.expanders, models_from.expanders_unavailable
             self.cache = models_from.cache  # features depend on the image and the backbone only
+            self.defaults = models_from.defaults
             return
         self.composers: Dict[str, Composer] = {}
         self.unavailable: Dict[str, str] = {}
@@ -146,6 +147,17 @@ class SearchEngine:
                 )
             except ExpanderUnavailable as exc:
                 self.expanders_unavailable[name] = str(exc)
+        from .defaults import engine_defaults
+
+        self.defaults = engine_defaults(backbone, self.settings)
+
+    @property
+    def default_method(self) -> str:
+        """The method a search without one uses (page, CLI and API alike): the one chosen on held-out-domain
+        validation for this backbone (engine.defaults) when it loaded, else the weighted sum."""
+        if self.defaults.method in self.composers:
+            return self.defaults.method
+        return "sum" if "sum" in self.composers else next(iter(self.composers))
 
     # -- reference images ---------------------------------------------------------------
     def reference_features(self, image: ImageInput) -> Tuple[str, torch.Tensor, torch.Tensor, bool]:
@@ -215,6 +227,7 @@ class SearchEngine:
             "backbone": self.backbone.describe(),
             "index": self.index.stats(),
             "methods": self.method_status(),
+            "default_method": {"method": self.default_method, "why": self.defaults.why()},
             "expanders": {**{n: "available" for n in self.expanders},
                           **{n: (r or "available") for n, r in self.expanders_unavailable.items()}},
             "feature_cache": {"entries": len(self.cache._d), "hits": self.cache.hits, "misses": self.cache.misses},
@@ -239,19 +252,20 @@ def search(
     engine: SearchEngine,
     image: ImageInput = None,
     text: Optional[str] = None,
-    method: str = "sum",
+    method: Optional[str] = None,
     alpha: float = 0.5,
     k: int = 12,
     expand: str = "none",
-    nqe: int = DEFAULT_NQE,
+    nqe: Optional[int] = DEFAULT_NQE,
     negative_text: Optional[str] = None,
     explain: bool = False,
     exclude_reference: bool = False,
 ) -> SearchResponse:
     """Compose (image, text) into a query, search the gallery, optionally expand and search again.
 
-    ``image`` may be a path, bytes, a PIL image, or an int gallery id. Returns ranked results with
-    per-stage timings in milliseconds. ``exclude_reference`` leaves a gallery image used as the reference
+    ``image`` may be a path, bytes, a PIL image, or an int gallery id. ``method`` None: the engine's default
+    (:attr:`SearchEngine.default_method`); ``nqe`` None or 0: the expander's default for this gallery's size
+    (engine.defaults). Returns ranked results with per-stage timings in milliseconds. ``exclude_reference`` leaves a gallery image used as the reference
     out of its own results (the CIRR convention; the UI, CLI and API turn it on by default).
     """
     t0 = time.perf_counter()
@@ -259,12 +273,15 @@ def search(
     notices: List[str] = []
     text = _check_text(text, engine.settings.max_text_chars)
     negative_text = _check_text(negative_text, engine.settings.max_text_chars)
+    method = method or engine.default_method
     try:
         k = int(k)
         alpha = float(alpha)
-        nqe = int(nqe)
-    except (TypeError, ValueError):
+        nqe = int(nqe or 0)
+    except (TypeError, ValueError, OverflowError):
         raise InputError("k, alpha and nqe must be numbers") from None
+    if nqe < 0:
+        raise InputError("nqe must be 0 (automatic) or more")
     if not 1 <= k <= MAX_K:
         raise InputError(f"k must be between 1 and {MAX_K}")
     if not np.isfinite(alpha) or not 0.0 <= alpha <= 1.0:
@@ -305,7 +322,7 @@ def search(
     ref_vec = (query.image_embedding.detach().float().cpu().numpy().astype(np.float32)
                if extra and query.image_embedding is not None else None)
     # one first-stage search: the results themselves, or (with expansion) the nQE neighbours to expand from
-    nq = max(1, min(nqe, n))
+    nq = max(1, min(nqe or engine.defaults.gallery_nqe(expand, n), n))
     t = time.perf_counter()
     s1, i1 = engine.index.search(qvec[None], nq if expand != "none" else min(n, k + extra))
     timings["search"] = (time.perf_counter() - t) * 1e3

@@ -61,8 +61,8 @@ def test_edited_files_are_named_by_content_and_written_once(tmp_path):
     stamp = first.stat().st_mtime_ns
     assert edited_file(b, "night", tmp_path / "tone") == first and first.stat().st_mtime_ns == stamp
     assert edited_file(a, "bw", tmp_path / "tone") != first
-    with pytest.raises(ValueError, match="unknown tone edit 'sepia'"):
-        edited_file(a, "sepia", tmp_path / "tone")
+    with pytest.raises(ValueError, match="unknown photo edit 'posterise'"):
+        edited_file(a, "posterise", tmp_path / "tone")
 
 
 def _fake_cir(root):
@@ -107,7 +107,7 @@ def test_training_uses_only_the_training_splits_photos_and_records_the_tone_vali
     out = tmp_path / "ck"
     rt.main(["--data", "cir", "--backbone", "tiny:tiny-vit-a", "--device", "cpu", "--tone-edits", "--epochs", "1",
              "--batch-size", "4", "--eval-split", "val", "--out", str(out), "--run-dir", str(tmp_path / "run"),
-             "--report", str(tmp_path / "report.json"), "--quiet"])
+             "--report", str(tmp_path / "report.json"), "--quiet", "--no-anchor"])
     data = seen["data"]
     tone_texts = {x for texts in TONE_TEXTS.values() for x in texts}
     rows = [i for i in range(len(data)) if data.text_list[int(data.text[i])] in tone_texts]

@@ -45,6 +45,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..errors import CheckpointError, InputError
+from .anchor import Anchor, load_anchor, split_state
 from .base import COMPOSERS, Composer, ComposerUnavailable, Composition, Query, normalise
 from ..fileio import atomic_write_text as _atomic_write_text
 from ..checkpoints import read_safetensors_record, require_backbone, resolve
@@ -278,10 +279,11 @@ def checkpoint_name(backbone_name: str) -> str:
 
 
 def save_checkpoint(path: os.PathLike, mapper: ContextI2WMapper, backbone, extra: Optional[dict] = None,
-                    half: bool = False) -> Path:
+                    half: bool = False, anchor: Optional[Anchor] = None) -> Path:
     """Atomically writes ``path`` (safetensors + metadata record) and a sidecar ``.json`` with the record.
 
-    ``half`` stores the weights as float16 (half the size; loading converts back to float32).
+    ``half`` stores the weights as float16 (half the size; loading converts back to float32); ``anchor``:
+    the prior anchor (engine.compose.anchor) stored with the weights (float32).
     """
     from safetensors.torch import save_file
 
@@ -301,6 +303,9 @@ def save_checkpoint(path: os.PathLike, mapper: ContextI2WMapper, backbone, extra
     }
     dtype = torch.float16 if half else torch.float32
     state = {k: v.detach().to(dtype).cpu().contiguous() for k, v in mapper.state_dict().items()}
+    if anchor is not None:
+        record["anchor"] = anchor.config.to_dict()
+        state.update(anchor.tensors())
     from ..fileio import atomic_path
 
     with atomic_path(path, mode=0o644) as tmp:
@@ -323,7 +328,7 @@ def load_checkpoint(path: os.PathLike, fingerprint: Optional[str] = None) -> Tup
     require_backbone(path, record.get("backbone_fingerprint"), fingerprint, "python -m engine train context-i2w")
     try:
         mapper = ContextI2WMapper(ContextI2WConfig.from_dict(record["config"]))
-        mapper.load_state_dict({k: v.float() for k, v in load_file(str(path)).items()})
+        mapper.load_state_dict({k: v.float() for k, v in split_state(load_file(str(path))).items()})
     except Exception as exc:
         raise CheckpointError(f"{path.name}: weights do not match the stored config ({exc})") from None
     record["file"] = path.name
@@ -494,9 +499,13 @@ def load_authors_checkpoint(path: os.PathLike, backbone=None, dim_head: int = 64
 
 
 class ContextI2WComposer(Composer):
-    name, label, needs_image = "context-i2w", "Context-I2W (context-dependent pseudo-word)", True
+    """Context-I2W as a correction of the weighted sum (engine.compose.anchor): the pseudo-word query is mixed
+    into the prior by the query's familiarity; with the image or the text missing the prior alone is used."""
 
-    def __init__(self, backbone, mapper: ContextI2WMapper, record: Optional[dict] = None):
+    name, label = "context-i2w", "Context-I2W (context-dependent pseudo-word)"
+
+    def __init__(self, backbone, mapper: ContextI2WMapper, record: Optional[dict] = None,
+                 anchor: Optional[Anchor] = None):
         super().__init__(backbone)
         c = mapper.config
         if (c.vision_width, c.token_dim, c.context_dim) != (backbone.vision_width, backbone.token_dim,
@@ -508,6 +517,7 @@ class ContextI2WComposer(Composer):
                                   f"backbone {backbone.name} uses {backbone.placeholder!r}")
         self.mapper = mapper.eval().to(backbone.device)
         self.record = record or {}
+        self.anchor = anchor
 
     @torch.no_grad()
     def pseudo_word(self, tokens: torch.Tensor, prompt: str) -> torch.Tensor:
@@ -518,7 +528,10 @@ class ContextI2WComposer(Composer):
 
     @torch.no_grad()
     def compose(self, query: Query) -> Composition:
-        self.check(query)
+        from .anchor import prior_only
+
+        if not (query.has_image and query.text and query.text.strip()):
+            return prior_only(self, query, "Context-I2W puts the image into a text")
         if query.image_tokens is None:
             raise InputError("Context-I2W needs the reference image's visual tokens")
         text, notices = sanitise_text(query.text or "", self.mapper.config.placeholder)
@@ -527,8 +540,16 @@ class ContextI2WComposer(Composer):
         tok = query.image_tokens.to(self.backbone.device).float().unsqueeze(0)
         s = self.mapper(enc.embeddings.float().to(self.backbone.device), tok)
         vec = self.backbone.encode_texts_with_pseudo([prompt], s)[0]
+        anchored = {}
+        if self.anchor is not None:
+            raw = self.backbone.encode_texts([query.text]).embeddings[0].float().cpu()
+            query.text_embedding = raw
+            image = query.image_embedding.detach().float().cpu().reshape(1, -1)
+            blended, anchored = self.anchor.explain_blend(image, raw.reshape(1, -1), vec.float().cpu().reshape(1, -1))
+            vec = blended[0]
         explanation = {
             "formula": "q = f_txt(prompt with S* = mapper(image tokens | context))",
+            **anchored,
             "prompt": prompt,
             "gate": self.mapper.gate_value(),
             "checkpoint": self.record.get("file", ""),
@@ -548,7 +569,11 @@ def load_context_i2w_composer(backbone, checkpoint_dir=None) -> ContextI2WCompos
             f"no Context-I2W checkpoint for {backbone.name} in {checkpoint_dir}; train one with "
             f"python -m engine train context-i2w --data captions")
     mapper, record = load_checkpoint(found[0][0], backbone.fingerprint)
-    return ContextI2WComposer(backbone, mapper, record)
+    try:
+        anchor = load_anchor(found[0][0], record)
+    except Exception as exc:
+        raise CheckpointError(f"{found[0][0].name}: its prior anchor cannot be read ({exc.__class__.__name__})") from None
+    return ContextI2WComposer(backbone, mapper, record, anchor=anchor)
 
 
 COMPOSERS.register("context-i2w")(

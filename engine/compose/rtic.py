@@ -37,6 +37,7 @@ import torch.nn.functional as F
 
 from ..errors import CheckpointError
 from ..checkpoints import read_safetensors_record, require_backbone, resolve
+from .anchor import Anchor, load_anchor, split_state
 from .base import COMPOSERS, Composer, ComposerUnavailable, Composition, Query, normalise
 
 CHECKPOINT_GLOB = "rtic*.safetensors"
@@ -183,8 +184,10 @@ def save_checkpoint(
     fingerprint: str,
     backbone_name: str = "",
     extra: Optional[dict] = None,
+    anchor: Optional[Anchor] = None,
 ) -> Path:
-    """Atomically writes ``path`` (safetensors + metadata) and a sidecar ``.json`` with the same record."""
+    """Atomically writes ``path`` (safetensors + metadata) and a sidecar ``.json`` with the same record;
+    ``anchor``: the prior anchor (engine.compose.anchor) stored with the weights."""
     from safetensors.torch import save_file
 
     path = Path(path)
@@ -198,6 +201,9 @@ def save_checkpoint(
         **(extra or {}),
     }
     state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+    if anchor is not None:
+        record["anchor"] = anchor.config.to_dict()
+        state.update(anchor.tensors())
     from ..fileio import atomic_path, atomic_write_text
 
     with atomic_path(path) as tmp:  # readable like any other shipped file
@@ -212,7 +218,8 @@ def read_checkpoint_record(path: os.PathLike) -> dict:
 
 
 def load_checkpoint(path: os.PathLike, fingerprint: Optional[str] = None) -> Tuple[RTIC, dict]:
-    """Loads a model in eval mode; raises CheckpointError naming the file on a fingerprint mismatch."""
+    """Loads a model in eval mode; raises CheckpointError naming the file on a fingerprint mismatch (the prior
+    anchor stored beside the weights is read by :func:`engine.compose.anchor.load_anchor`)."""
     from safetensors.torch import load_file
 
     path = Path(path)
@@ -220,7 +227,7 @@ def load_checkpoint(path: os.PathLike, fingerprint: Optional[str] = None) -> Tup
     require_backbone(path, record.get("backbone_fingerprint"), fingerprint, "python -m engine train rtic --data cir")
     model = RTIC(RTICConfig.from_dict(record["config"]))
     try:
-        model.load_state_dict(load_file(str(path)))
+        model.load_state_dict(split_state(load_file(str(path))))
     except Exception as exc:
         raise CheckpointError(f"{path.name}: weights do not match the stored config ({exc})") from None
     model.eval()
@@ -246,12 +253,17 @@ def checkpoint_name(backbone_name: str, variant: str = "rtic") -> str:
 
 
 class RTICComposer(Composer):
-    name, label, needs_image, needs_text = "rtic", "RTIC (learned residual composer)", True, True
+    """RTIC as a correction of the weighted sum (engine.compose.anchor): the learned vector is mixed into the
+    prior by the query's familiarity; with the image or the text missing the prior alone is used."""
 
-    def __init__(self, backbone, model: RTIC, record: Optional[dict] = None, top_channels: int = 5):
+    name, label = "rtic", "RTIC (learned residual composer)"
+
+    def __init__(self, backbone, model: RTIC, record: Optional[dict] = None, top_channels: int = 5,
+                 anchor: Optional[Anchor] = None):
         super().__init__(backbone)
         self.model = model.eval()
         self.record = record or {}
+        self.anchor = anchor
         self.top_channels = top_channels
         if model.config.dim != backbone.embed_dim:
             raise CheckpointError(
@@ -262,17 +274,24 @@ class RTICComposer(Composer):
 
     @torch.no_grad()
     def compose(self, query: Query) -> Composition:
-        self.check(query)
+        from .anchor import prior_only
+
+        if not (query.has_image and query.text and query.text.strip()):
+            return prior_only(self, query, "RTIC corrects a composition of an image and a text")
         enc = self.backbone.encode_texts([query.text])
         query.text_embedding = enc.embeddings[0]
         text = enc.embeddings[0].detach().float().cpu().reshape(1, -1)
         image = query.image_embedding.detach().float().cpu().reshape(1, -1)
         out, s = self.model.compose(image, text)
+        anchored = {}
+        if self.anchor is not None:
+            out, anchored = self.anchor.explain_blend(image, text, out)
         vec = normalise(out[0])
         delta = torch.from_numpy(vec) - F.normalize(image[0], dim=0)
         order = delta.abs().argsort(descending=True)[: self.top_channels]
         explanation: Dict[str, object] = {
             "formula": "q = (1 - s) * X^n + s * v_ref" if s is not None else "q = X^n (no gate)",
+            **anchored,
             "gate_mean": float(s.mean()) if s is not None else None,
             "top_changed_channels": [{"channel": int(i), "change": round(float(delta[i]), 4)} for i in order],
             "prompt": query.text,
@@ -304,7 +323,11 @@ def load_rtic_composer(backbone, checkpoint_dir=None, variant: Optional[str] = N
 
     model, record = load_checkpoint(path, backbone.fingerprint)
     record["file"] = path.name
-    return RTICComposer(backbone, model, record)
+    try:
+        anchor = load_anchor(path, record)
+    except Exception as exc:
+        raise CheckpointError(f"{path.name}: its prior anchor cannot be read ({exc.__class__.__name__})") from None
+    return RTICComposer(backbone, model, record, anchor=anchor)
 
 
 COMPOSERS.register("rtic")(lambda backbone, checkpoint_dir=None: load_rtic_composer(backbone, checkpoint_dir))

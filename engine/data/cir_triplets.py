@@ -373,20 +373,27 @@ def embed_triplets(
                       paths, texts, arrays["gallery"] if len(gallery) else None)
 
 
-def load_offline_cir(split: str = "train", report: Optional[LoadReport] = None) -> List[Triplet]:
+def load_offline_cir(split: str = "train", report: Optional[LoadReport] = None,
+                     hold_out: bool = False) -> List[Triplet]:
     """Triplets of the built offline ``cir`` set (``engine.data.formats``; build it with
-    ``engine.data.builders``).
+    ``engine.data.builders``). ``hold_out``: leave out every query whose reference or targets come from a
+    held-out source (``engine.data.heldout``; the trainers do).
 
     Records carry ``reference``, ``text`` (or ``caption``/``modification``) and ``target`` or ``targets``,
     image paths relative to ``formats.image_root("cir")``; other fields are kept in ``meta``.
     """
     from . import formats
 
+    from .heldout import keep_row
+
     report = report if report is not None else LoadReport()
+    held = _held_out_images(hold_out)
     out: List[Triplet] = []
     for i, rec in enumerate(formats.load_split("cir", split)):
         text = rec.get("text", rec.get("caption", rec.get("modification")))
         targets = rec.get("targets") or ([rec["target"]] if rec.get("target") else [])
+        if held and not keep_row([rec.get("reference", ""), *targets], held):
+            continue
         if not rec.get("reference") or text is None or not targets:
             raise InputError(f"cir/{split}.jsonl record {i}: needs reference, text and target(s)")
         ref = formats.image_path("cir", rec["reference"])
@@ -402,12 +409,22 @@ def load_offline_cir(split: str = "train", report: Optional[LoadReport] = None) 
     return out
 
 
-def load_offline_gallery(split: str = "test") -> List[Tuple[str, str]]:
-    """(image path, gallery kind) of every image in a split's gallery of the offline ``cir`` set."""
+def _held_out_images(hold_out: bool) -> frozenset:
+    from .heldout import held_out_cir_images
+
+    return held_out_cir_images() if hold_out else frozenset()
+
+
+def load_offline_gallery(split: str = "test", hold_out: bool = False) -> List[Tuple[str, str]]:
+    """(image path, gallery kind) of every image in a split's gallery of the offline ``cir`` set
+    (``hold_out``: without the held-out sources' images)."""
     from . import formats
 
+    held = _held_out_images(hold_out)
     out = []
     for rec in formats.load_split("cir", f"{split}_gallery"):
+        if rec["image"] in held:
+            continue
         path = formats.image_path("cir", rec["image"])
         if path.is_file():
             out.append((str(path), str(rec.get("gallery", ""))))

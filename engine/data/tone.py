@@ -1,11 +1,17 @@
-"""Light and tone edits of a photo with a known answer: black-and-white and night.
+"""Whole-picture edits of a photo with a known answer: black-and-white, night, sepia and colour tints.
 
-Used to validate the packaged backbone's light / tone concepts (``engine eval concepts``): the offline CIR
-set has colour edits but no tone edits. Edits work on float RGB in [0, 1], shape (..., 3, H, W):
+Used to validate the packaged backbone's light / tone concepts (``engine eval concepts``), to train RTIC on
+tone edits (the offline CIR set has colour edits but no tone edits) and by the held-out-domain suite
+(``engine eval generalise``). Edits work on float RGB in [0, 1], shape (..., 3, H, W):
 
 - ``bw``: the Rec. 601 luma in every channel;
 - ``night``: a darker, bluer picture (gamma 1.8, scaled to 35 %, then blue raised and red lowered), the way
-  a night photograph of the same scene tends to look.
+  a night photograph of the same scene tends to look;
+- ``sepia``: the luma mapped onto a brown ramp (the usual sepia toning matrix);
+- ``tint-red`` / ``tint-green`` / ``tint-blue``: a strong colour cast, 55 % of the picture plus 45 % of its
+  luma in the tint's colour, so the detail stays and the whole picture takes the colour.
+
+Only ``bw`` and ``night`` (:data:`TONE_TEXTS`) are used for training; the others exist for evaluation.
 """
 from __future__ import annotations
 
@@ -17,14 +23,35 @@ TONE_TEXTS = {
 }
 
 
+TINTS = {"tint-red": (1.0, 0.12, 0.12), "tint-green": (0.12, 0.85, 0.12), "tint-blue": (0.12, 0.25, 1.0)}
+# every edit :func:`photo_edit` knows; the training phrasings exist for TONE_TEXTS' kinds only
+PHOTO_EDITS = ("bw", "night", "sepia", *TINTS)
+
+
+def _luma(rgb: torch.Tensor) -> torch.Tensor:
+    return 0.299 * rgb[..., 0:1, :, :] + 0.587 * rgb[..., 1:2, :, :] + 0.114 * rgb[..., 2:3, :, :]
+
+
 def tone_edit(rgb: torch.Tensor, kind: str) -> torch.Tensor:
+    """The training edits only (``bw``, ``night``); :func:`photo_edit` has every edit."""
+    if kind not in TONE_TEXTS:
+        raise ValueError(f"unknown tone edit {kind!r}; choose one of {', '.join(TONE_TEXTS)}")
+    return photo_edit(rgb, kind)
+
+
+def photo_edit(rgb: torch.Tensor, kind: str) -> torch.Tensor:
+    if kind in TINTS:
+        tint = torch.tensor(TINTS[kind], dtype=rgb.dtype, device=rgb.device).view(3, 1, 1)
+        return (0.55 * rgb.clamp(0, 1) + 0.45 * _luma(rgb.clamp(0, 1)) * tint * 1.6).clamp(0, 1)
+    if kind == "sepia":
+        ramp = torch.tensor([1.07, 0.95, 0.74], dtype=rgb.dtype, device=rgb.device).view(3, 1, 1)
+        return (_luma(rgb.clamp(0, 1)) * ramp).clamp(0, 1)
     if kind == "bw":
-        y = 0.299 * rgb[..., 0:1, :, :] + 0.587 * rgb[..., 1:2, :, :] + 0.114 * rgb[..., 2:3, :, :]
-        return y.expand_as(rgb).clone()
+        return _luma(rgb).expand_as(rgb).clone()
     if kind == "night":
         tint = torch.tensor([0.8, 0.9, 1.25], dtype=rgb.dtype, device=rgb.device).view(3, 1, 1)
         return ((rgb.clamp(0, 1) ** 1.8) * 0.35 * tint).clamp(0, 1)
-    raise ValueError(f"unknown tone edit {kind!r}; choose one of {', '.join(TONE_TEXTS)}")
+    raise ValueError(f"unknown photo edit {kind!r}; choose one of {', '.join(PHOTO_EDITS)}")
 
 
 # -- tone-edit triplets of the offline CIR set (RTIC training with --tone-edits, and its validation) --------
@@ -46,13 +73,13 @@ def edited_file(src, kind: str, root=None):
     from ..fileio import atomic_path
     from ..images import load_image, sha256_file
 
-    if kind not in TONE_TEXTS:
-        raise ValueError(f"unknown tone edit {kind!r}; choose one of {', '.join(TONE_TEXTS)}")
+    if kind not in PHOTO_EDITS:
+        raise ValueError(f"unknown photo edit {kind!r}; choose one of {', '.join(PHOTO_EDITS)}")
     folder = Path(root) if root is not None else cache_dir() / "tone"
     out = folder / kind / f"{sha256_file(src)[:20]}.png"
     if not out.is_file():
         rgb = torch.from_numpy(np.asarray(load_image(src), dtype=np.float32) / 255.0).permute(2, 0, 1)
-        edited = (tone_edit(rgb, kind).permute(1, 2, 0).numpy() * 255.0).round().clip(0, 255).astype(np.uint8)
+        edited = (photo_edit(rgb, kind).permute(1, 2, 0).numpy() * 255.0).round().clip(0, 255).astype(np.uint8)
         with atomic_path(out) as tmp:
             Image.fromarray(edited).save(tmp, format="PNG")
     return out
@@ -82,10 +109,13 @@ def tone_triplets(photos, edits=TONE_EDITS, root=None):
     return triplets, gallery
 
 
-def offline_cir_photos(split: str):
+def offline_cir_photos(split: str, hold_out: bool = False):
     """The photo files of one split of the offline CIR set: its gallery's ``photos`` entries (originals and
-    recoloured versions; the Twemoji drawings are left out, as ``eval concepts`` does)."""
+    recoloured versions; the Twemoji drawings are left out, as ``eval concepts`` does). ``hold_out``: without
+    the held-out sources' photos (``engine.data.heldout``; RTIC's training and validation)."""
     from .formats import image_path, load_split
+    from .heldout import is_held_out
 
-    paths = [image_path("cir", g["image"]) for g in load_split("cir", f"{split}_gallery") if g.get("gallery") == "photos"]
+    paths = [image_path("cir", g["image"]) for g in load_split("cir", f"{split}_gallery")
+             if g.get("gallery") == "photos" and not (hold_out and is_held_out(g.get("source", "")))]
     return [p for p in paths if p.is_file()]

@@ -1,4 +1,4 @@
-"""`python -m engine eval offline|triplets|concepts|fashioniq|cirr|circo ...`."""
+"""`python -m engine eval offline|generalise|triplets|concepts|fashioniq|cirr|circo ...`."""
 from __future__ import annotations
 
 import sys
@@ -7,12 +7,16 @@ import sys
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
-        print("usage: python -m engine eval {offline,triplets,concepts,fashioniq,cirr,circo} [options]  (--help after the name)")
+        print("usage: python -m engine eval {offline,generalise,triplets,concepts,fashioniq,cirr,circo} [options]  (--help after the name)")
         return 0 if argv else 2
     if argv[0] == "offline":
         from .offline import main as offline_main
 
         return offline_main(argv[1:])
+    if argv[0] == "generalise":
+        from .generalise import main as generalise_main
+
+        return generalise_main(argv[1:])
     if argv[0] == "concepts":
         from .concepts import main as concepts_main
 

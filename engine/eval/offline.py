@@ -27,6 +27,7 @@ KS = (1, 5, 10, 50)
 EXTRA_SECTIONS = {
     "query-expansion": "engine.expand.evaluate:offline_section",
     "backbone-versions": "engine.eval.concepts:offline_section",
+    "generalise": "engine.eval.generalise:offline_section",
 }
 
 
@@ -71,16 +72,21 @@ def cir_composers(backbone, settings: Settings):
 
 
 def compose_queries(backbone, composers: dict, queries, ref_emb: torch.Tensor,
-                    timings: Optional[dict] = None) -> Dict[str, np.ndarray]:
+                    timings: Optional[dict] = None, ref_paths: Optional[List[Path]] = None) -> Dict[str, np.ndarray]:
     """{composer name: query vectors (Q, D)} for the CIR ``queries`` (alpha 0.5), the reference embeddings
-    ``ref_emb`` (Q, D) given; visual tokens are computed only when a composer needs them (Context-I2W).
+    ``ref_emb`` (Q, D) given; visual tokens are computed only when a composer needs them (Context-I2W), from
+    ``ref_paths`` (default: the queries' references in the offline CIR set).
     ``timings``: filled with each composer's ms per query (the token extraction not counted)."""
     from ..compose import Query
     from ..data.formats import image_path
 
     tokens = None
     if any(getattr(c, "name", "") == "context-i2w" for c in composers.values()):
-        tokens = reference_tokens(backbone, [image_path("cir", q["reference"]) for q in queries])
+        if ref_paths is None:
+            ref_paths = [image_path("cir", q["reference"]) for q in queries]
+        unique = sorted({str(p) for p in ref_paths})  # each reference's tokens once, however many queries use it
+        row = {p: i for i, p in enumerate(unique)}
+        tokens = reference_tokens(backbone, [Path(p) for p in unique])[[row[str(p)] for p in ref_paths]]
     out = {}
     with torch.no_grad():
         for name, comp in composers.items():

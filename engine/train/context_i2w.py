@@ -128,7 +128,7 @@ def recoloured_pairs(split: str = "train") -> List[Pair]:
     from ..data.cir_triplets import load_offline_cir
 
     out, seen = [], set()
-    for t in load_offline_cir(split):
+    for t in load_offline_cir(split, hold_out=True):  # held-out sources: engine.data.heldout
         cap = t.meta.get("reference_caption")
         if t.meta.get("kind") != "recolour" or not cap:
             continue
@@ -150,8 +150,10 @@ def load_pairs(spec: str, split: str = "train", image_root: Optional[str] = None
         from ..data import formats
         from ..data.builders import ensure_built
 
+        from ..data.heldout import is_held_out
+
         ensure_built("captions")  # the explicit build step (quick when built)
-        records = formats.load_split("captions", split)
+        records = [r for r in formats.load_split("captions", split) if not is_held_out(r.get("source", ""))]
         return _pairs_from_records(records, formats.image_root("captions"), f"captions/{split}")
     path = Path(spec)
     if path.is_dir():
@@ -716,6 +718,8 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--eval-cir", default="test", help="also evaluate on this split of the offline 'cir' set ('' = no)")
     ap.add_argument("--eval-only", action="store_true", help="evaluate the checkpoint at --out/--name, no training")
     ap.add_argument("--report", default=None, help="write history + held-out numbers to this JSON file")
+    ap.add_argument("--no-anchor", action="store_true",
+                    help="offline data: do not fit the prior anchor after training (engine.train.anchor_fit)")
     ap.add_argument("--quiet", action="store_true")
     return ap
 
@@ -734,11 +738,16 @@ def cir_queries(split: str) -> Dict[str, Tuple[List[dict], List[str]]]:
     from ..data import formats
     from ..data.builders import ensure_built
 
+    from ..data.heldout import held_out_cir_images, keep_row
+
     ensure_built("cir")  # the explicit build step (quick when built)
+    held = held_out_cir_images()  # the held-out sources (engine.data.heldout) are left out
     groups: Dict[str, Tuple[List[dict], List[str]]] = {}
     for r in formats.load_split("cir", split):
         ts = r.get("targets", r.get("target"))
         ts = ts if isinstance(ts, list) else [ts]
+        if not keep_row([r["reference"], *ts], held):
+            continue
         trip = {"reference": str(formats.image_path("cir", r["reference"])), "text": r.get("text", ""),
                 "targets": [str(formats.image_path("cir", x)) for x in ts]}
         groups.setdefault(r.get("gallery", "all"), ([], []))[0].append(trip)
@@ -748,7 +757,7 @@ def cir_queries(split: str) -> Dict[str, Tuple[List[dict], List[str]]]:
         gallery = []
     for g in gallery:
         name = g.get("gallery", "all")
-        if name in groups:
+        if name in groups and g["image"] not in held:
             groups[name][1].append(str(formats.image_path("cir", g["image"])))
     return groups
 
@@ -845,7 +854,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             results["cir"] = {"error": str(exc)}
     record["held_out"] = results
     if not args.eval_only:
+        if _offline(args.data):
+            from ..data.heldout import HELD_OUT_SOURCES
+
+            record["held_out_sources"] = list(HELD_OUT_SOURCES)
         save_checkpoint(out, mapper, backbone, {"training": record}, half=args.half)
+        if _offline(args.data) and not args.no_anchor:
+            from .anchor_fit import anchor_checkpoint
+
+            anchor_checkpoint(backbone, "context-i2w", out_dir, progress=progress)
     print(json.dumps({"checkpoint": str(out), "held_out": results}, indent=2, default=str))
     if args.report:
         Path(args.report).parent.mkdir(parents=True, exist_ok=True)

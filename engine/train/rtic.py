@@ -439,12 +439,12 @@ def _load_triplets(args, split: str):
         from ..data.builders import ensure_built
 
         ensure_built("cir")  # the explicit build step (quick when built)
-        trips = ct.load_offline_cir(split, report=report)
+        trips = ct.load_offline_cir(split, report=report, hold_out=True)  # held-out sources: engine.data.heldout
     else:
         raise InputError(f"unknown data {args.data!r}")
     if report.missing_images:
         print(f"[{split}] skipped {report.missing_images} missing images (e.g. {', '.join(report.missing_examples)})")
-    gallery = ct.load_offline_gallery(split) if args.data == "cir" else []
+    gallery = ct.load_offline_gallery(split, hold_out=True) if args.data == "cir" else []
     return trips, gallery
 
 
@@ -454,7 +454,7 @@ def tone_set(backbone, split: str, progress: bool = True):
     from ..data.cir_triplets import embed_triplets
     from ..data.tone import offline_cir_photos, tone_triplets
 
-    triplets, gallery = tone_triplets(offline_cir_photos(split))
+    triplets, gallery = tone_triplets(offline_cir_photos(split, hold_out=True))
     if not triplets:
         raise InputError(f"the {split} split of the offline CIR set has no photos to make tone edits of")
     data = embed_triplets(backbone, triplets, progress=progress, gallery=[p for p, _ in gallery])
@@ -509,6 +509,8 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--tone-edits", action="store_true",
                     help="cir: also train on the training photos' black-and-white and night edits "
                          "(photo + 'at night' -> its night version; engine.data.tone)")
+    ap.add_argument("--no-anchor", action="store_true",
+                    help="cir: do not fit the prior anchor after training (engine.train.anchor_fit)")
     ap.add_argument("--max-targets", type=int, default=3,
                     help="training rows per query with many targets (e.g. category change); 0 = all")
     # model
@@ -579,7 +581,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if args.tone_edits:
             from ..data.tone import offline_cir_photos, tone_triplets
 
-            tone_trips = tone_triplets(offline_cir_photos(args.train_split))[0]
+            tone_trips = tone_triplets(offline_cir_photos(args.train_split, hold_out=True))[0]
             n_tone = len(tone_trips)
             train_trips = train_trips + tone_trips
         train = embed_triplets(backbone, train_trips, progress=progress, max_targets=args.max_targets)
@@ -628,8 +630,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                  # the same split's photos' tone edits (R@1 decides there: each photo has three versions)
                  "held_out_tone": tone_metrics, "tone_edits": bool(args.tone_edits),
                  "graph": result["graph"] if variant == "rtic+gcn" else None}
+        if args.data == "cir":
+            from ..data.heldout import HELD_OUT_SOURCES
+
+            extra["held_out_sources"] = list(HELD_OUT_SOURCES)
         save_checkpoint(path, model, fingerprint, backbone_name, extra)
         print(f"saved {variant} -> {path}")
+        if args.data == "cir" and not args.no_anchor:
+            from .anchor_fit import anchor_checkpoint
+
+            anchor_checkpoint(backbone, variant, out_dir, progress=not args.quiet)
+            print(f"anchored {variant} to the weighted sum (engine.train.anchor_fit)")
     return 0
 
 

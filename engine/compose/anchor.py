@@ -1,0 +1,165 @@
+"""Anchoring a learned composer to its training-free prior.
+
+A learned composer (RTIC, Context-I2W) is fitted to the texts and pictures of its training data. Outside
+them (a photo of a real scene, a word no training text uses) its output can be worse than the weighted sum,
+which already knows what any word means in the backbone's joint space. So the product never uses the
+learned vector alone; it uses a correction of the prior, shrunk by how familiar the query is::
+
+    p  = normalise((1 - a) * img + a * txt)              the training-free prior (the weighted sum)
+    l  = normalise(learned composer(img, txt))
+    f_t = max cosine of txt to the training texts         (text familiarity)
+    f_v = max cosine of img to the training-image prototypes   (image familiarity, k-means centres)
+    tau = weight * ramp(f_t; text_lo, text_hi) * ramp(f_v; image_lo, image_hi)
+    q  = normalise((1 - tau) * p + tau * l)
+
+``ramp(f; lo, hi)`` rises linearly from 0 at ``lo`` to 1 at ``hi`` (a ramp with ``hi <= lo`` is a step at
+``hi``; ``lo = hi = -1`` switches that factor off). On a query like the training data ``tau`` is ``weight``;
+on an unfamiliar one it falls to 0 and the composer returns the prior. The banks are stored in the
+composer's checkpoint (tensors ``anchor.text_bank``, ``anchor.image_bank``) and the ramps in its record
+(``anchor``); the ramps and the weight are chosen on validation data held out by domain
+(``engine.train.anchor_fit``), never on a test split.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from typing import Dict, Optional
+
+import torch
+import torch.nn.functional as F
+
+PREFIX = "anchor."
+
+
+@dataclass
+class AnchorConfig:
+    weight: float = 1.0
+    text_lo: float = -1.0
+    text_hi: float = -1.0
+    image_lo: float = -1.0
+    image_hi: float = -1.0
+    alpha: float = 0.5          # the prior's text weight
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "AnchorConfig":
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: float(v) for k, v in (data or {}).items() if k in known})
+
+    def to_dict(self) -> dict:
+        return {k: round(float(v), 6) for k, v in asdict(self).items()}
+
+
+def ramp(f: torch.Tensor, lo: float, hi: float) -> torch.Tensor:
+    if lo <= -1.0 and hi <= -1.0:
+        return torch.ones_like(f)
+    if hi <= lo:
+        return (f >= hi).to(f.dtype)
+    return ((f - lo) / (hi - lo)).clamp(0.0, 1.0)
+
+
+def familiarity(x: torch.Tensor, bank: Optional[torch.Tensor]) -> torch.Tensor:
+    """(B,) largest cosine of each row of ``x`` (B, D) to the rows of ``bank`` (M, D); 1 without a bank."""
+    if bank is None or bank.numel() == 0:
+        return torch.ones(x.shape[0])
+    return (F.normalize(x.float(), dim=-1) @ F.normalize(bank.float(), dim=-1).T).max(dim=-1).values
+
+
+def prior(image: torch.Tensor, text: torch.Tensor, alpha: float) -> torch.Tensor:
+    """(B, D) the normalised weighted sum of normalised image and text embeddings."""
+    return F.normalize((1 - alpha) * F.normalize(image.float(), dim=-1) + alpha * F.normalize(text.float(), dim=-1),
+                       dim=-1)
+
+
+class Anchor:
+    """The banks and ramps of one composer (see the module text)."""
+
+    def __init__(self, config: Optional[AnchorConfig] = None, text_bank: Optional[torch.Tensor] = None,
+                 image_bank: Optional[torch.Tensor] = None):
+        self.config = config or AnchorConfig()
+        self.text_bank = None if text_bank is None else F.normalize(text_bank.float(), dim=-1)
+        self.image_bank = None if image_bank is None else F.normalize(image_bank.float(), dim=-1)
+
+    def familiarities(self, image: torch.Tensor, text: torch.Tensor):
+        return familiarity(text, self.text_bank), familiarity(image, self.image_bank)
+
+    def trust(self, image: torch.Tensor, text: torch.Tensor) -> torch.Tensor:
+        """(B,) the share tau of the learned correction for each query."""
+        c = self.config
+        ft, fv = self.familiarities(image, text)
+        return c.weight * ramp(ft, c.text_lo, c.text_hi) * ramp(fv, c.image_lo, c.image_hi)
+
+    def blend(self, image: torch.Tensor, text: torch.Tensor, learned: torch.Tensor,
+              tau: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """(B, D) normalise((1 - tau) * prior + tau * normalise(learned))."""
+        tau = self.trust(image, text) if tau is None else tau
+        p = prior(image, text, self.config.alpha)
+        return F.normalize((1 - tau)[:, None] * p + tau[:, None] * F.normalize(learned.float(), dim=-1), dim=-1)
+
+    def explain_blend(self, image: torch.Tensor, text: torch.Tensor, learned: torch.Tensor):
+        """(blended (B, D), explanation of the first query: familiarities, trust, formula)."""
+        ft, fv = self.familiarities(image, text)
+        c = self.config
+        tau = c.weight * ramp(ft, c.text_lo, c.text_hi) * ramp(fv, c.image_lo, c.image_hi)
+        expl = {"anchor": "q = normalise((1 - tau) * weighted sum + tau * learned)",
+                "trust": round(float(tau[0]), 4), "text_familiarity": round(float(ft[0]), 4),
+                "image_familiarity": round(float(fv[0]), 4)}
+        return self.blend(image, text, learned, tau), expl
+
+    # -- storage inside the composer's checkpoint ---------------------------------------------------------
+
+    def tensors(self) -> Dict[str, torch.Tensor]:
+        out = {}
+        if self.text_bank is not None:
+            out[PREFIX + "text_bank"] = self.text_bank.contiguous()
+        if self.image_bank is not None:
+            out[PREFIX + "image_bank"] = self.image_bank.contiguous()
+        return out
+
+
+
+def split_state(state: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
+    """``state`` without the anchor's tensors (what the composer's own module loads)."""
+    return {k: v for k, v in state.items() if not k.startswith(PREFIX)}
+
+
+def load_anchor(path, record: dict) -> Optional[Anchor]:
+    """The anchor stored in a composer's checkpoint file (None for one written before anchoring existed)."""
+    if not isinstance(record.get("anchor"), dict):
+        return None
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt") as f:
+        keys = set(f.keys())
+        text = f.get_tensor(PREFIX + "text_bank") if PREFIX + "text_bank" in keys else None
+        image = f.get_tensor(PREFIX + "image_bank") if PREFIX + "image_bank" in keys else None
+    return Anchor(AnchorConfig.from_dict(record["anchor"]), text, image)
+
+
+def kmeans_prototypes(x: torch.Tensor, k: int = 64, iters: int = 25, seed: int = 0) -> torch.Tensor:
+    """(min(k, N), D) spherical k-means centres of the normalised rows of ``x`` (the image bank)."""
+    x = F.normalize(x.float(), dim=-1)
+    g = torch.Generator().manual_seed(seed)
+    k = min(k, x.shape[0])
+    centres = x[torch.randperm(x.shape[0], generator=g)[:k]].clone()
+    for _ in range(iters):
+        assign = (x @ centres.T).argmax(dim=-1)
+        for j in range(k):
+            members = x[assign == j]
+            if len(members):
+                centres[j] = F.normalize(members.mean(dim=0), dim=0)
+    return centres
+
+
+def prior_only(composer, query, why: str):
+    """The composition a learned composer returns when it has nothing to correct (the image or the text is
+    missing): the weighted sum at the anchor's text weight (0.5 without an anchor), saying so."""
+    from dataclasses import replace
+
+    from .baselines import WeightedSum
+
+    anchor = getattr(composer, "anchor", None)
+    q = replace(query, alpha=anchor.config.alpha if anchor is not None else 0.5)
+    comp = WeightedSum(composer.backbone).compose(q)
+    query.text_embedding = q.text_embedding
+    comp.explanation = {**comp.explanation, "prior_only": f"{why}; with one of them missing the training-free "
+                        "composition is used", "trust": 0.0}
+    return comp

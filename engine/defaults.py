@@ -1,0 +1,90 @@
+"""The defaults a search uses when the caller names none: the method and the nQE of each expander.
+
+They are chosen on the validation side of the held-out-domain suite (``python -m engine eval generalise
+--side val --choose``) and written as ``defaults-<backbone slug>.json`` beside the checkpoints (found on the
+checkpoint search path like any learned part, and only for the backbone fingerprint they were measured with).
+The page, the CLI and the JSON API all read them through :func:`engine_defaults`, so one query gets one
+answer everywhere. Without a record for the live backbone the weighted sum is the default and every expander
+uses :data:`FALLBACK_NQE`; either way nQE is capped at a fraction of the gallery (``gallery_nqe``).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Dict, Optional
+
+FALLBACK_METHOD = "sum"
+FALLBACK_NQE = 4
+FALLBACK_FRACTION = 0.02
+PATTERN = "defaults-*.json"
+
+
+@dataclass
+class EngineDefaults:
+    method: str = FALLBACK_METHOD
+    nqe: Dict[str, int] = field(default_factory=dict)
+    nqe_fraction: float = FALLBACK_FRACTION
+    source: str = ""          # the record's file name, "" for the fallback
+    evidence: dict = field(default_factory=dict)
+
+    def nqe_for(self, expander: str) -> int:
+        return int(self.nqe.get(expander, FALLBACK_NQE))
+
+    def gallery_nqe(self, expander: str, n_gallery: int) -> int:
+        """nQE for ``expander`` on a gallery of ``n_gallery`` images: the chosen value, capped at
+        ``nqe_fraction`` of the gallery, at least 1."""
+        return gallery_nqe(self.nqe_for(expander), n_gallery, self.nqe_fraction)
+
+    def why(self) -> str:
+        """One sentence on how the default method was chosen."""
+        if not self.source:
+            return "the weighted sum: no validation record for this backbone"
+        score = (self.evidence.get("overall_val") or {}).get(self.method)
+        tail = f" (score {score:.1f})" if isinstance(score, (int, float)) else ""
+        return (f"best on the validation side of the held-out-domain suite{tail}: photos, words and phrasings "
+                "no trainer saw")
+
+
+def gallery_nqe(nqe: int, n_gallery: int, fraction: float) -> int:
+    """``nqe`` capped at ``fraction`` of a gallery of ``n_gallery`` images (at least 1), so expansion never
+    averages a large part of a small gallery."""
+    return int(max(1, min(int(nqe), int(fraction * n_gallery))))
+
+
+def _read(path: Path) -> Optional[dict]:
+    try:
+        rec = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError, UnicodeDecodeError):
+        return None
+    return rec if isinstance(rec, dict) and rec.get("kind") == "defaults" else None
+
+
+def engine_defaults(backbone, settings=None) -> EngineDefaults:
+    """The defaults recorded for ``backbone`` on the checkpoint search path, else the fallback."""
+    from .checkpoints import search_dirs
+
+    folder = getattr(settings, "checkpoints", None) if settings is not None else None
+    for directory in search_dirs(folder):
+        for path in sorted(Path(directory).glob(PATTERN)) if Path(directory).is_dir() else []:
+            rec = _read(path)
+            if rec is None or rec.get("backbone_fingerprint") != backbone.fingerprint:
+                continue
+            nqe = {str(k): int(v) for k, v in (rec.get("nqe") or {}).items()}
+            return EngineDefaults(str(rec.get("method", FALLBACK_METHOD)), nqe,
+                                  float(rec.get("nqe_fraction", FALLBACK_FRACTION)), path.name, rec)
+    return EngineDefaults()
+
+
+def write_defaults(backbone, chosen: dict, out_dir: Optional[Path] = None, command: str = "") -> Path:
+    """Writes the record (atomically) for ``backbone``; ``chosen`` is ``engine.eval.generalise.choose``'s."""
+    from .checkpoints import bundled_dir, slug
+    from .fileio import atomic_write_text
+
+    out_dir = Path(out_dir) if out_dir else bundled_dir()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"defaults-{slug(backbone.name)}.json"
+    record = {"kind": "defaults", "backbone_fingerprint": backbone.fingerprint, "backbone_name": backbone.name,
+              "split": "val", "command": command, **chosen}
+    atomic_write_text(path, json.dumps(record, indent=2) + "\n")
+    return path

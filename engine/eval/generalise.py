@@ -1,0 +1,393 @@
+"""`python -m engine eval generalise`: the held-out-domain suite.
+
+The offline CIR set's splits share sources, phrasings and category words with training, so its validation
+rewards fitting that vocabulary. This suite is built only from what no trainer sees (``engine.data.heldout``):
+
+* **images**: the real photographs of the held-out sources (GCompris, scikit-image / scikit-learn samples);
+* **category changes** (kind ``category``): a photo + a template naming another thing of the side, whose
+  words occur in no training text ("a cheetah instead"); targets: every photo of that thing on the side;
+* **attribute edits** of the photos (kinds ``tint``: red / green / blue cast, ``bw``, ``night``, ``sepia``;
+  ``engine.data.tone.photo_edit``): the photo + a phrasing -> its own edited version, in a gallery of every
+  photo in every version, so the photo's other versions are the hardest negatives;
+* **phrasings** from templates no trainer uses (checked against every training text).
+
+Two sides, ``val`` and ``test``, disjoint by photo, by category word (a thing's photos all fall on one side)
+and by template. Every recipe, checkpoint, the default method and the expansion defaults are chosen on
+``val`` (``--choose``); ``test`` is read once, after. Figures: R@1 / R@10 (%) per method and query kind
+with 95 % bootstrap intervals (1,000 resamples of the queries); the reference is always left out.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence
+
+import numpy as np
+import torch
+
+from ..config import Settings
+
+SIDES = ("val", "test")
+SEED = 0
+KS = (1, 10)
+EDITS = ("tint-red", "tint-green", "tint-blue", "bw", "night", "sepia")
+KINDS = ("category", "tint", "bw", "night", "sepia")
+# names that are no thing to look for (colours, numbers, letters, generic words)
+NOT_A_THING = frozenset({"animal", "color", "colour", "gray", "grey", "mauve", "sixteen", "zero", "reptile",
+                         "f", "sea", "monument"})
+CATEGORY_TEMPLATES = {
+    "val": ("{} instead", "show me {} instead", "replace it with {}"),
+    "test": ("swap it for {}", "the same sort of picture, but of {}", "now make it {}"),
+}
+ATTRIBUTE_TEMPLATES = {
+    "val": {"tint": ("give it a {c} tint", "with a {c} colour cast"),
+            "bw": ("make it monochrome", "in greyscale"),
+            "night": ("as if taken after dark", "make it a nighttime shot"),
+            "sepia": ("in sepia tones", "like an old sepia print")},
+    "test": {"tint": ("bathed in {c} light", "seen through a {c} filter"),
+             "bw": ("drained of all colour", "as a grayscale picture"),
+             "night": ("after sunset, in the dark", "the same view by night"),
+             "sepia": ("with a brownish vintage sepia look", "as an old-fashioned sepia photograph")},
+}
+
+
+def kind_of_edit(edit: str) -> str:
+    return "tint" if edit.startswith("tint-") else edit
+
+
+def _with_article(name: str) -> str:
+    if name.endswith("s") and not name.endswith("ss"):
+        return name
+    return ("an " if name[0] in "aeiou" else "a ") + name
+
+
+@dataclass
+class Suite:
+    side: str
+    queries: List[dict]                 # id, kind, edit, reference, text, targets, gallery (ids as below)
+    items: Dict[str, Path]              # gallery item id ("<gallery>:<file>") -> image file
+    galleries: Dict[str, List[str]] = field(default_factory=dict)   # gallery name -> item ids
+
+    def summary(self) -> dict:
+        kinds: Dict[str, int] = {}
+        for q in self.queries:
+            kinds[q["kind"]] = kinds.get(q["kind"], 0) + 1
+        return {"side": self.side, "queries": len(self.queries), "by_kind": kinds,
+                "gallery": {g: len(v) for g, v in self.galleries.items()}}
+
+
+def held_out_photos(seed: int = SEED) -> List[dict]:
+    """[{image (Path), name, group, source, side}] of every held-out photo, with its suite side."""
+    from ..data.builders.common import unit_hash
+    from ..data.formats import image_path, load_split
+    from ..data.heldout import is_held_out, training_vocabulary, words
+
+    vocab = training_vocabulary()
+    out = []
+    for split in ("train", "val", "test"):
+        for rec in load_split("captions", split):
+            if not is_held_out(rec.get("source", "")):
+                continue
+            name = rec["caption"].split(",")[0].strip().lower().rstrip(".")
+            novel = bool(words(name)) and not (words(name) & vocab) and name not in NOT_A_THING and len(name) > 2
+            key = f"name:{name}" if novel else rec["group"]
+            side = "val" if unit_hash(seed, f"generalise:{key}") < 0.5 else "test"
+            out.append({"image": image_path("captions", rec["image"]), "name": name if novel else None,
+                        "group": rec["group"], "source": rec["source"], "side": side})
+    return sorted(out, key=lambda r: str(r["image"]))
+
+
+def build_suite(side: str, seed: int = SEED, edit_root=None) -> Suite:
+    """The ``side`` half of the suite (edited versions written once under the cache, like the tone edits)."""
+    from ..data.heldout import training_texts
+    from ..data.tone import edited_file
+
+    if side not in SIDES:
+        raise ValueError(f"side must be one of {SIDES}")
+    photos = [p for p in held_out_photos(seed) if p["side"] == side]
+    rng = np.random.default_rng([seed, SIDES.index(side)])
+    items: Dict[str, Path] = {}
+    galleries: Dict[str, List[str]] = {"category": [], "attribute": []}
+
+    def add(gallery: str, path: Path) -> str:
+        key = f"{gallery}:{path}"
+        if key not in items:
+            items[key] = Path(path)
+            galleries[gallery].append(key)
+        return key
+
+    queries: List[dict] = []
+    # category changes: every photo to two other things of the side
+    by_name: Dict[str, List[Path]] = {}
+    for p in photos:
+        add("category", p["image"])
+        if p["name"]:
+            by_name.setdefault(p["name"], []).append(p["image"])
+    names = sorted(by_name)
+    templates = CATEGORY_TEMPLATES[side]
+    for i, p in enumerate(photos):
+        others = [n for n in names if n != p["name"]]
+        for j, n in enumerate(rng.choice(others, size=min(2, len(others)), replace=False) if others else []):
+            text = templates[(2 * i + j) % len(templates)].format(_with_article(str(n)))
+            queries.append({"id": f"{side}:category:{i}:{j}", "kind": "category", "edit": "", "text": text,
+                            "reference": f"category:{p['image']}", "gallery": "category",
+                            "targets": [f"category:{t}" for t in by_name[str(n)]]})
+    # attribute edits: every photo to each of its edited versions
+    attr = ATTRIBUTE_TEMPLATES[side]
+    for i, p in enumerate(photos):
+        ref = add("attribute", p["image"])
+        for edit in EDITS:
+            kind = kind_of_edit(edit)
+            target = add("attribute", edited_file(p["image"], edit, edit_root))
+            phrasing = attr[kind][i % len(attr[kind])]
+            text = phrasing.format(c=edit.split("-", 1)[-1]) if kind == "tint" else phrasing
+            queries.append({"id": f"{side}:{edit}:{i}", "kind": kind, "edit": edit, "text": text,
+                            "reference": ref, "gallery": "attribute", "targets": [target]})
+    seen = training_texts()
+    clash = sorted({q["text"] for q in queries if q["text"].strip().lower() in seen})
+    if clash:
+        raise ValueError(f"suite phrasings used in training: {clash[:3]}")
+    return Suite(side, queries, items, galleries)
+
+
+# -- evaluation ------------------------------------------------------------------------------------------------
+
+
+def bootstrap_interval(hits: np.ndarray, n: int = 1000, seed: int = 0) -> tuple:
+    """95 % percentile interval (in %) of the mean of ``hits`` (0/1 per query) over ``n`` resamples."""
+    hits = np.asarray(hits, dtype=np.float32)
+    if len(hits) == 0:
+        return (float("nan"), float("nan"))
+    rng = np.random.default_rng(seed)
+    means = hits[rng.integers(0, len(hits), size=(n, len(hits)))].mean(axis=1) * 100.0
+    return float(np.percentile(means, 2.5)), float(np.percentile(means, 97.5))
+
+
+def summarise(ranks: np.ndarray, kinds: np.ndarray, ks: Sequence[int] = KS) -> dict:
+    """{kind or "all": {"R@K": value, "R@K_ci": (lo, hi), "n": queries}} from 1-based ranks."""
+    out = {}
+    for kind in ["all", *KINDS]:
+        sel = np.ones(len(ranks), bool) if kind == "all" else kinds == kind
+        if not sel.any():
+            continue
+        row = {"n": int(sel.sum())}
+        for k in ks:
+            hits = ranks[sel] <= k
+            row[f"R@{k}"] = float(hits.mean() * 100.0)
+            row[f"R@{k}_ci"] = bootstrap_interval(hits)
+        out[kind] = row
+    out["overall"] = overall_score(out)
+    return out
+
+
+def overall_score(by_kind: dict) -> float:
+    """One number per method: the mean over the query kinds of (R@1 + R@10) / 2, each kind weighing the same."""
+    vals = [(by_kind[k]["R@1"] + by_kind[k]["R@10"]) / 2 for k in KINDS if k in by_kind]
+    return float(np.mean(vals)) if vals else float("nan")
+
+
+def suite_tensors(backbone, suite: Suite):
+    """(gallery records, embeddings, item id -> row, reference embeddings, reference paths) of one side."""
+    from ..data.features import embed_paths
+
+    keys = list(suite.items)
+    files = sorted({str(suite.items[k]) for k in keys})
+    emb = embed_paths(backbone, files, desc=f"generalise {suite.side}")
+    row_of_file = {f: i for i, f in enumerate(files)}
+    gemb = emb[[row_of_file[str(suite.items[k])] for k in keys]]
+    gallery = [{"image": k, "gallery": k.split(":", 1)[0]} for k in keys]
+    pos = {k: i for i, k in enumerate(keys)}
+    ref_emb = torch.from_numpy(gemb[[pos[q["reference"]] for q in suite.queries]])
+    ref_paths = [suite.items[q["reference"]] for q in suite.queries]
+    return gallery, gemb, pos, ref_emb, ref_paths
+
+
+def rank_suite(qvecs: np.ndarray, suite: Suite, gallery, gemb, pos, expander=None, nqe: int = 0,
+               fraction: float = 1.0) -> np.ndarray:
+    """1-based best target rank of every query (reference left out); with ``expander``, re-ranked after
+    expanding from the first ``gallery_nqe(nqe, gallery size)`` results of the query's own gallery."""
+    from ..defaults import gallery_nqe
+    from .offline import rank_queries
+
+    ranks = np.zeros(len(suite.queries), np.int64)
+    for g, members in suite.galleries.items():
+        sel = [i for i, q in enumerate(suite.queries) if q["gallery"] == g]
+        if not sel:
+            continue
+        exps = {"x": expander} if expander is not None else None
+        r = rank_queries(qvecs[sel], [suite.queries[i] for i in sel], gallery, gemb, pos, exps,
+                         nqe=gallery_nqe(nqe, len(members), fraction))
+        ranks[sel] = r["x" if expander is not None else "none"]
+    return ranks
+
+
+def evaluate(backbone, settings: Settings, side: str, composers: Optional[dict] = None, expanders: bool = True,
+             defaults: Optional[dict] = None) -> dict:
+    """Every composer (and, with ``expanders``, every expander at the page defaults) on one side."""
+    from .offline import cir_composers, compose_queries
+
+    suite = build_suite(side)
+    gallery, gemb, pos, ref_emb, ref_paths = suite_tensors(backbone, suite)
+    if composers is None:
+        composers, _ = cir_composers(backbone, settings)
+    qv = compose_queries(backbone, composers, suite.queries, ref_emb, ref_paths=ref_paths)
+    kinds = np.array([q["kind"] for q in suite.queries])
+    results = {}
+    for name, vecs in qv.items():
+        results[(name, "none")] = summarise(rank_suite(vecs, suite, gallery, gemb, pos), kinds)
+    if expanders:
+        from ..defaults import engine_defaults
+
+        d = defaults or engine_defaults(backbone, settings)
+        for ex_name, ex in _expanders(backbone, settings).items():
+            for name, vecs in qv.items():
+                r = rank_suite(vecs, suite, gallery, gemb, pos, ex, d.nqe_for(ex_name), d.nqe_fraction)
+                results[(name, ex_name)] = summarise(r, kinds)
+    return {"side": side, "suite": suite.summary(), "results": results, "suite_obj": suite,
+            "tensors": (gallery, gemb, pos), "vectors": qv, "kinds": kinds}
+
+
+def _expanders(backbone, settings: Settings) -> dict:
+    from ..expand import EXPANDERS, ExpanderUnavailable
+
+    out = {}
+    for name in EXPANDERS:
+        if name == "none":
+            continue
+        try:
+            out[name] = EXPANDERS.get(name)(embed_dim=backbone.embed_dim, checkpoint_dir=settings.checkpoints,
+                                            fingerprint=backbone.fingerprint)
+        except ExpanderUnavailable:
+            pass
+    return out
+
+
+# -- choosing on the validation side ------------------------------------------------------------------------------
+
+NQE_GRID = (1, 2, 3, 4, 6, 8, 16, 32, 64)
+NQE_FRACTION = 0.02
+
+
+def choose(backbone, settings: Settings, ev: dict) -> dict:
+    """The defaults chosen on the validation side ``ev`` (an :func:`evaluate` result on ``val``):
+
+    * **method**: the best overall score (:func:`overall_score`) among the composers that take a text alone
+      (a text-only query must work with the default); ties (within 0.5 point) go to the training-free sum;
+    * **nQE per expander**: over :data:`NQE_GRID`, capped at :data:`NQE_FRACTION` of each gallery, the value
+      whose worst R@10 change over the composers is highest (ties: the smaller nQE)."""
+    assert ev["side"] == "val", "defaults are chosen on the validation side only"
+    res = ev["results"]
+    scores = {n: r["overall"] for (n, e), r in res.items() if e == "none"}
+    textable = [n for n in scores if n != "image" and _takes_text_alone(ev, n)]
+    best = max(textable, key=lambda n: scores[n])
+    method = "sum" if "sum" in scores and scores[best] - scores["sum"] <= 0.5 else best
+    suite = ev["suite_obj"]
+    gallery, gemb, pos = ev["tensors"]
+    kinds = ev["kinds"]
+    base = {n: r["all"]["R@10"] for (n, e), r in res.items() if e == "none"}
+    nqe, grid = {}, {}
+    for ex_name, ex in _expanders(backbone, settings).items():
+        rows = {}
+        for value in NQE_GRID:
+            worst = min(summarise(rank_suite(v, suite, gallery, gemb, pos, ex, value, NQE_FRACTION),
+                                  kinds)["all"]["R@10"] - base[n] for n, v in ev["vectors"].items())
+            rows[value] = round(worst, 2)
+        grid[ex_name] = rows
+        nqe[ex_name] = max(rows, key=lambda v: (rows[v], -v))
+    return {"method": method, "overall_val": {n: round(s, 2) for n, s in scores.items()},
+            "nqe": nqe, "nqe_fraction": NQE_FRACTION, "nqe_grid_worst_r10_change": grid}
+
+
+def _takes_text_alone(ev: dict, name: str) -> bool:
+    return name in ("text", "sum") or name in _TEXT_CAPABLE
+
+
+_TEXT_CAPABLE = {"rtic", "rtic+gcn", "context-i2w"}  # fall back to their prior without an image
+
+
+# -- report ------------------------------------------------------------------------------------------------------
+
+
+def _cell(row: dict, k: int) -> str:
+    lo, hi = row[f"R@{k}_ci"]
+    return f"{row[f'R@{k}']:.1f} [{lo:.0f}–{hi:.0f}]"
+
+
+def markdown(ev: dict, backbone) -> str:
+    res = ev["results"]
+    s = ev["suite"]
+    lines = [f"Side `{ev['side']}`: {s['queries']} queries ({', '.join(f'{k} {v}' for k, v in s['by_kind'].items())}); "
+             f"galleries: {s['gallery']['category']} photos (category changes), {s['gallery']['attribute']} photos in "
+             f"every version (attribute edits); reference left out; backbone `{backbone.fingerprint}`. Cells: "
+             "R@K in % with the 95 % bootstrap interval.", "",
+             "| method | overall | " + " | ".join(f"{k} R@1 | {k} R@10" for k in KINDS) + " |",
+             "|---|---|" + "---|---|" * len(KINDS)]
+    for (name, ex), r in sorted(res.items(), key=lambda kv: (kv[0][1] != "none", kv[0][1], kv[0][0])):
+        if ex != "none":
+            continue
+        cells = [f"{_cell(r[k], 1)} | {_cell(r[k], 10)}" if k in r else "– | –" for k in KINDS]
+        lines.append(f"| {name} | {r['overall']:.1f} | " + " | ".join(cells) + " |")
+    exps = sorted({ex for (_, ex) in res if ex != "none"})
+    if exps:
+        lines += ["", "R@10 over all queries with each expander at the page defaults (change against no expansion):", "",
+                  "| method | none | " + " | ".join(exps) + " |", "|---|---|" + "---|" * len(exps)]
+        for name in sorted({n for (n, _) in res}):
+            base = res[(name, "none")]["all"]["R@10"]
+            cells = [f"{res[(name, e)]['all']['R@10']:.1f} ({res[(name, e)]['all']['R@10'] - base:+.1f})"
+                     for e in exps if (name, e) in res]
+            lines.append(f"| {name} | {base:.1f} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def offline_section(args, ctx):
+    """The ``generalise`` section of ``eval offline`` (the test side, read with the shipped defaults)."""
+    ev = evaluate(ctx["backbone"], ctx["settings"], "test")
+    return markdown(ev, ctx["backbone"]), _jsonable(ev["results"])
+
+
+def _jsonable(results: dict) -> dict:
+    return {f"{n}+{e}": r for (n, e), r in results.items()}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m engine eval generalise", description=__doc__.split("\n\n")[0])
+    p.add_argument("--side", default="test", choices=SIDES)
+    p.add_argument("--backbone", default=None)
+    p.add_argument("--device", default="auto")
+    p.add_argument("--no-expanders", action="store_true")
+    p.add_argument("--choose", action="store_true", help="(val side) choose the default method and nQE per "
+                   "expander, and write them to the defaults record beside the checkpoints")
+    p.add_argument("--out", default="", help="write the defaults record here (with --choose; default: "
+                   "assets/checkpoints)")
+    p.add_argument("--json", default="", help="also write the figures to this JSON file")
+    p.add_argument("--summary", action="store_true", help="only print the suite's counts")
+    args = p.parse_args(argv)
+    from ..backbones import create_backbone
+
+    settings = Settings()
+    if args.summary:
+        for side in SIDES:
+            print(json.dumps(build_suite(side).summary()))
+        return 0
+    if args.choose and args.side != "val":
+        p.error("--choose reads the validation side only (--side val)")
+    backbone = create_backbone(args.backbone or settings.backbone, args.device, settings=settings)
+    t0 = time.time()
+    ev = evaluate(backbone, settings, args.side, expanders=not args.no_expanders and not args.choose)
+    print(markdown(ev, backbone))
+    if args.choose:
+        from ..defaults import write_defaults
+
+        chosen = choose(backbone, settings, ev)
+        path = write_defaults(backbone, chosen, Path(args.out) if args.out else None,
+                              command="python -m engine eval generalise --side val --choose")
+        print(json.dumps(chosen, indent=1))
+        print(f"wrote {path}")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"side": args.side, "suite": ev["suite"],
+                                               "results": _jsonable(ev["results"])}, indent=1, default=str))
+    print(f"[generalise] {(time.time() - t0) / 60:.1f} min")
+    return 0

@@ -1,0 +1,139 @@
+"""The prior anchor of the learned composers (engine.compose.anchor) and its fit (engine.train.anchor_fit)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from engine.compose import Query
+from engine.compose.anchor import Anchor, AnchorConfig, familiarity, kmeans_prototypes, load_anchor, prior, ramp
+from engine.compose.baselines import WeightedSum
+from engine.compose.rtic import RTIC, RTICComposer, RTICConfig, load_checkpoint, save_checkpoint
+from engine.train.anchor_fit import FitSet, fit, kind_scores
+
+
+def _unit(*rows):
+    return F.normalize(torch.tensor(rows, dtype=torch.float32), dim=-1)
+
+
+def test_ramp_and_familiarity_follow_their_formulas():
+    f = torch.tensor([0.1, 0.5, 0.6, 0.9])
+    assert torch.allclose(ramp(f, 0.4, 0.8), torch.tensor([0.0, 0.25, 0.5, 1.0]))
+    assert torch.equal(ramp(f, 0.7, 0.7), torch.tensor([0.0, 0.0, 0.0, 1.0]))  # a step at hi
+    assert torch.equal(ramp(f, -1.0, -1.0), torch.ones(4))  # switched off
+    bank = _unit([1, 0, 0], [0, 1, 0])
+    x = _unit([1, 1, 0], [0, 0, 1], [3, 0, 4])
+    assert torch.allclose(familiarity(x, bank), torch.tensor([2 ** -0.5, 0.0, 0.6]), atol=1e-6)
+
+
+def test_blend_is_the_prior_at_zero_trust_and_the_learned_vector_at_full_trust():
+    img, txt = _unit([1, 0, 0, 0]), _unit([0, 1, 0, 0])
+    learned = _unit([0, 0, 1, 0])
+    a = Anchor(AnchorConfig(weight=1.0, alpha=0.5))
+    p = prior(img, txt, 0.5)
+    assert torch.allclose(p, _unit([1, 1, 0, 0]))
+    assert torch.allclose(a.blend(img, txt, learned, torch.tensor([0.0])), p)
+    assert torch.allclose(a.blend(img, txt, learned, torch.tensor([1.0])), learned)
+    half = a.blend(img, txt, learned, torch.tensor([0.5]))
+    assert torch.allclose(half, F.normalize(0.5 * p + 0.5 * learned, dim=-1))
+
+
+def test_trust_falls_for_a_text_unlike_the_training_texts():
+    bank = _unit([1, 0, 0, 0])
+    cfg = AnchorConfig(weight=0.8, text_lo=0.5, text_hi=0.9)
+    a = Anchor(cfg, text_bank=bank)
+    img = _unit([0, 0, 0, 1], [0, 0, 0, 1])
+    txt = _unit([1, 0.1, 0, 0], [0, 1, 0, 0])  # nearly a training text / unlike any
+    tau = a.trust(img, txt)
+    assert tau[0] == pytest.approx(0.8) and tau[1] == 0.0
+
+
+def test_kmeans_prototypes_find_two_clear_clusters():
+    g = torch.Generator().manual_seed(0)
+    a = F.normalize(torch.tensor([1.0, 0, 0]) + 0.05 * torch.randn(20, 3, generator=g), dim=-1)
+    b = F.normalize(torch.tensor([0, 1.0, 0]) + 0.05 * torch.randn(20, 3, generator=g), dim=-1)
+    c = kmeans_prototypes(torch.cat([a, b]), k=2)
+    assert sorted(int(i) for i in c.argmax(dim=1)) == [0, 1]
+
+
+def _set(name, img, txt, learned, gallery, targets, kinds):
+    b, n = len(img), len(gallery)
+    cand = torch.ones(b, n, dtype=torch.bool)
+    tgt = torch.zeros(b, n, dtype=torch.bool)
+    for i, t in enumerate(targets):
+        tgt[i, t] = True
+    return FitSet(name, img, txt, learned, gallery, cand, tgt, np.array(kinds))
+
+
+def test_fit_trusts_the_learned_composer_in_its_domain_and_falls_back_to_the_prior_outside():
+    """In domain the learned vectors hit their targets and the prior misses; out of domain (texts unlike the
+    bank) the learned vectors point away and the prior finds the target. The fit must keep both."""
+    torch.manual_seed(0)
+    d, n = 16, 40
+    gallery = F.normalize(torch.randn(n, d), dim=-1)
+    bank = F.normalize(torch.randn(4, d), dim=-1)
+    # in domain: texts are bank texts; learned = the target; prior points elsewhere
+    img_in = F.normalize(torch.randn(30, d), dim=-1)
+    txt_in = bank[torch.arange(30) % 4]
+    tgt_in = torch.arange(30) % n
+    learned_in = gallery[tgt_in]
+    # out of domain: texts orthogonal-ish to the bank; the prior is the target, learned is a wrong item
+    txt_out = F.normalize(torch.randn(30, d) - 3 * bank.mean(0), dim=-1)
+    img_out = F.normalize(torch.randn(30, d), dim=-1)
+    p_out = prior(img_out, txt_out, 0.5)
+    gallery_out = torch.cat([p_out, F.normalize(torch.randn(10, d), dim=-1)])
+    learned_out = gallery_out[30 + torch.arange(30) % 10]
+    anchor = Anchor(AnchorConfig(weight=0.0), text_bank=bank)
+    suite = _set("suite val", img_out, txt_out, learned_out, gallery_out, [[i] for i in range(30)], ["a"] * 30)
+    domain = _set("cir val", img_in, txt_in, learned_in, gallery, [[int(t)] for t in tgt_in], ["x"] * 30)
+    cfg, report = fit(anchor, suite, domain)
+    assert report["prior"]["suite_val_kinds"]["a"] == 100.0            # the prior finds every suite target
+    assert report["unanchored"]["suite_val_kinds"]["a"] < 50           # the learned composer alone does not
+    assert report["chosen"]["suite_val_kinds"]["a"] >= 99.0            # never below the prior
+    assert report["chosen"]["in_domain_r10"] == 100.0 > report["prior"]["in_domain_r10"]
+    assert cfg.weight > 0 and cfg.text_hi > -1
+
+
+def test_fit_keeps_the_prior_when_the_learned_composer_is_worse_everywhere():
+    torch.manual_seed(1)
+    d = 8
+    gallery = F.normalize(torch.randn(20, d), dim=-1)
+    img, txt = F.normalize(torch.randn(20, d), dim=-1), F.normalize(torch.randn(20, d), dim=-1)
+    p = prior(img, txt, 0.5)
+    gallery = torch.cat([p, gallery])
+    learned = -p
+    s = _set("suite val", img, txt, learned, gallery, [[i] for i in range(20)], ["a"] * 20)
+    dset = _set("cir val", img, txt, learned, gallery, [[i] for i in range(20)], ["x"] * 20)
+    cfg, report = fit(Anchor(AnchorConfig(weight=0.0)), s, dset)
+    assert cfg.weight == 0.0 and report["chosen"] == report["prior"]
+    assert kind_scores(np.array([1, 2, 11]), np.array(["a", "a", "b"])) == {"a": 75.0, "b": 0.0}
+
+
+def test_rtic_composer_with_an_anchor_round_trips_and_answers_a_text_alone(tmp_path, tiny):
+    d = tiny.embed_dim
+    torch.manual_seed(0)
+    model = RTIC(RTICConfig(dim=d, n_blocks=1)).eval()
+    bank = F.normalize(torch.randn(5, d), dim=-1)
+    anchor = Anchor(AnchorConfig(weight=0.7, text_lo=0.2, text_hi=0.6), text_bank=bank,
+                    image_bank=F.normalize(torch.randn(3, d), dim=-1))
+    path = save_checkpoint(tmp_path / "rtic-x.safetensors", model, tiny.fingerprint, tiny.name, anchor=anchor)
+    loaded, record = load_checkpoint(path, tiny.fingerprint)          # the anchor's tensors are not the model's
+    back = load_anchor(path, record)
+    assert back.config == anchor.config and torch.allclose(back.text_bank, anchor.text_bank)
+    comp = RTICComposer(tiny, loaded, record, anchor=back)
+    img = F.normalize(torch.randn(d), dim=0)
+    text_only = comp.compose(Query(text="a red car"))
+    expected = WeightedSum(tiny).compose(Query(text="a red car"))
+    assert np.allclose(text_only.vector, expected.vector) and text_only.explanation["trust"] == 0.0
+    both = comp.compose(Query(text="a red car", image_embedding=img, has_image=True))
+    enc = tiny.encode_texts(["a red car"]).embeddings[0].float().reshape(1, -1)
+    tau = back.trust(img.reshape(1, -1), enc)
+    with torch.no_grad():
+        want = back.blend(img.reshape(1, -1), enc, loaded(img.reshape(1, -1), enc), tau)[0].numpy()
+    assert np.allclose(both.vector, want, atol=1e-5)
+    assert both.explanation["trust"] == pytest.approx(float(tau[0]), abs=1e-4)
+    # a checkpoint written before anchoring existed still loads, without an anchor
+    old = save_checkpoint(tmp_path / "rtic-old.safetensors", model, tiny.fingerprint, tiny.name)
+    _, rec = load_checkpoint(old, tiny.fingerprint)
+    assert load_anchor(old, rec) is None

@@ -1,0 +1,132 @@
+"""The held-out-domain suite (engine eval generalise) and the defaults chosen on it (engine.defaults)."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from engine.data.heldout import training_texts, training_vocabulary, words
+from engine.data.tone import edited_file
+from engine.eval.generalise import (ATTRIBUTE_TEMPLATES, CATEGORY_TEMPLATES, EDITS, bootstrap_interval, build_suite,
+                                    held_out_photos, overall_score, summarise)
+
+NOVEL = ["cheetah", "macaque", "windmill", "alpaca", "narwhal", "igloo", "petra", "gibbon", "lemur", "jaguar",
+         "pika", "manta"]
+
+
+def _png(path, seed):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    Image.fromarray(rng.integers(0, 255, (12, 16, 3), dtype=np.uint8)).save(path)
+
+
+@pytest.fixture()
+def fake_sets(tmp_path, monkeypatch):
+    """Built captions + cir sets: held-out GCompris photos (novel names, one seen word 'fish', a colour word),
+    training sources whose texts use 'fish', 'bird' and 'blue'."""
+    monkeypatch.setenv("CIS_CACHE_DIR", str(tmp_path / "cache"))
+    root = tmp_path / "cache" / "datasets"
+    caps = []
+    names = NOVEL + ["windmill", "fish", "mauve"]
+    for i, name in enumerate(names):
+        rel = f"photos/g{i}.png"
+        _png(root / "captions" / "images" / rel, i)
+        caps.append({"id": f"g{i}", "image": rel, "caption": f"{name}, a thing", "source": "gcompris-qt-data",
+                     "group": f"photo:g{i}"})
+    _png(root / "captions" / "images" / "photos/t0.png", 99)
+    caps.append({"id": "t0", "image": "photos/t0.png", "caption": "A fish.", "source": "tuxpaint-stamps-default",
+                 "group": "photo:t0"})
+    for d in ("captions", "cir"):
+        (root / d).mkdir(parents=True, exist_ok=True)
+        (root / d / "manifest.json").write_text("{}")
+    for split in ("train", "val", "test"):
+        rows = caps if split == "train" else []
+        (root / "captions" / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        q = [{"id": f"{split}-q", "reference": "photos/t0.png", "targets": ["photos/t0.png"], "text": "make it blue",
+              "kind": "recolour", "gallery": "photos"},
+             {"id": f"{split}-c", "reference": "photos/t0.png", "targets": ["photos/t0.png"],
+              "text": "a photo of a bird", "kind": "category", "gallery": "photos"}]
+        (root / "cir" / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in q))
+        (root / "cir" / f"{split}_gallery.jsonl").write_text(
+            json.dumps({"image": "photos/t0.png", "gallery": "photos", "source": "tuxpaint-stamps-default"}) + "\n")
+    return tmp_path
+
+
+def test_the_suite_holds_only_what_no_trainer_sees_and_its_sides_share_nothing(fake_sets):
+    photos = held_out_photos()
+    assert len(photos) == len(NOVEL) + 3 and all(p["source"] == "gcompris-qt-data" for p in photos)
+    named = {p["name"] for p in photos if p["name"]}
+    assert "fish" not in named and "mauve" not in named and set(NOVEL) == named  # seen word / colour left out
+    vocab = training_vocabulary()
+    assert {"fish", "blue", "bird"} <= vocab and not (vocab & set(NOVEL))
+    sides = {s: build_suite(s) for s in ("val", "test")}
+    seen = training_texts()
+    files, cat_words, texts = {}, {}, {}
+    for side, suite in sides.items():
+        assert suite.queries, f"{side} side is empty"
+        files[side] = {str(p) for k, p in suite.items.items() if k.startswith("category:")}
+        cat_words[side] = set()
+        texts[side] = {q["text"] for q in suite.queries}
+        for q in suite.queries:
+            assert q["text"].lower() not in seen
+            assert q["reference"] not in q["targets"]
+            if q["kind"] == "category":
+                target_files = {str(suite.items[t]) for t in q["targets"]}
+                names = {p["name"] for p in photos if str(p["image"]) in target_files}
+                assert len(names) == 1 and not (words(next(iter(names))) & vocab)
+                cat_words[side] |= names
+                assert any(t.format("").strip() in q["text"] or t.split("{}")[0] in q["text"]
+                           for t in CATEGORY_TEMPLATES[side])
+            else:
+                ref = suite.items[q["reference"]]
+                assert [str(suite.items[t]) for t in q["targets"]] == [str(edited_file(ref, q["edit"]))]
+        # every photo in every version is in the attribute gallery
+        originals = [p for k, p in suite.items.items() if k.startswith("attribute:") and "tone" not in str(p)]
+        assert len(suite.galleries["attribute"]) == len(originals) * (1 + len(EDITS))
+    assert not (files["val"] & files["test"])           # disjoint by photo
+    assert not (cat_words["val"] & cat_words["test"])   # and by the things named
+    assert not (texts["val"] & texts["test"])           # and by phrasing
+    assert sides["val"].summary()["by_kind"]["tint"] == 3 * len([p for p in photos if p["side"] == "val"])
+    assert set(ATTRIBUTE_TEMPLATES["val"]) == set(ATTRIBUTE_TEMPLATES["test"]) == {"tint", "bw", "night", "sepia"}
+
+
+def test_bootstrap_interval_and_scores_follow_their_definitions():
+    hits = np.array([1] * 30 + [0] * 70)
+    lo, hi = bootstrap_interval(hits)
+    assert lo < 30 < hi and hi - lo == pytest.approx(2 * 1.96 * np.sqrt(0.3 * 0.7 / 100) * 100, rel=0.25)
+    assert bootstrap_interval(np.ones(50)) == (100.0, 100.0)
+    ranks = np.array([1, 5, 20, 1, 1, 30])
+    kinds = np.array(["category", "category", "category", "bw", "bw", "bw"])
+    s = summarise(ranks, kinds)
+    assert s["category"]["R@1"] == pytest.approx(100 / 3) and s["category"]["R@10"] == pytest.approx(200 / 3)
+    assert s["bw"]["R@10"] == pytest.approx(200 / 3) and s["all"]["n"] == 6
+    assert s["overall"] == pytest.approx(overall_score(s)) == pytest.approx(
+        ((100 / 3 + 200 / 3) / 2 + (200 / 3 + 200 / 3) / 2) / 2)
+
+
+def test_search_uses_the_recorded_default_method_and_caps_nqe_by_the_gallery(tmp_path, tiny, noise_index):
+    from engine.config import Settings
+    from engine.defaults import engine_defaults, gallery_nqe, write_defaults
+    from engine.search import open_engine, search
+
+    _, idx = noise_index(tiny, 60, 32, 0)
+    ck = tmp_path / "ck"
+    s = Settings()
+    s.checkpoints = str(ck)
+    assert engine_defaults(tiny, s).source == ""                      # no record: the weighted sum
+    write_defaults(tiny, {"method": "text", "nqe": {"aqe": 8}, "overall_val": {"text": 40.0}}, ck)
+    other = write_defaults(type("B", (), {"name": "other", "fingerprint": "other@x"})(), {"method": "image"}, ck)
+    assert other.is_file()                                           # another backbone's record is not read
+    d = engine_defaults(tiny, s)
+    assert d.method == "text" and d.nqe_for("aqe") == 8 and "held-out-domain" in d.why()
+    assert gallery_nqe(8, 60, 0.02) == 1 and gallery_nqe(8, 1000, 0.02) == 8 and gallery_nqe(8, 10, 0.02) == 1
+    eng = open_engine(idx, backbone=tiny, settings=s)
+    assert eng.default_method == "text"
+    r = search(eng, text="noise", k=3)                                # no method named: the default
+    assert r.method == "text"
+    r = search(eng, text="noise", method="sum", expand="aqe", k=3)    # nQE automatic: 8 capped at 2 % of 60
+    assert r.explanation["expansion"]["nqe"] == 1
+    r = search(eng, text="noise", method="sum", expand="aqe", k=3, nqe=5)   # an explicit value is kept
+    assert r.explanation["expansion"]["nqe"] == 5
