@@ -20,7 +20,7 @@ from .compose import COMPOSERS, Composer, ComposerUnavailable, Query
 from .config import MAX_K, Settings
 from .errors import EngineError, InputError
 from .expand import EXPANDERS, Expander, ExpanderUnavailable
-from .images import load_image
+from .images import DEFAULT_MAX_BYTES, decode_limits, load_image
 from .index.store import GalleryIndex
 from .share import ReferenceStore
 
@@ -174,9 +174,7 @@ class SearchEngine:
             data = read_bytes(image, int(self.settings.max_upload_mb * 1e6))
             key = hashlib.sha256(data).hexdigest()
             image = data
-        return self._cached_features(key, lambda: load_image(
-            image, max_pixels=self.settings.max_pixels, max_bytes=int(self.settings.max_upload_mb * 1e6),
-            max_aspect=self.settings.max_aspect, max_frames=self.settings.max_frames))
+        return self._cached_features(key, lambda: load_image(image, **decode_limits(self.settings)))
 
     def gallery_features(self, item_id: int):
         if not 0 <= item_id < len(self.index):
@@ -187,7 +185,7 @@ class SearchEngine:
             path = self.index.image_path(item_id)
             if not path.exists():
                 path = self.index.display_path(item_id)
-            return load_image(path, max_pixels=self.settings.max_pixels)
+            return load_image(path, **{**decode_limits(self.settings), "max_bytes": DEFAULT_MAX_BYTES})
 
         return self._cached_features(key, load)
 
