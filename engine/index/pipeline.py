@@ -49,7 +49,10 @@ class DecodeDataset(Dataset):
             return {"i": i, "ok": False, "error": str(exc)}
         thumb = self.thumbs / (self.hashes[i][:20] + ".jpg") if self.thumbs is not None else None
         if thumb is not None and not thumb.exists():
-            atomic_write_bytes(thumb, thumbnail_bytes(img))
+            try:
+                atomic_write_bytes(thumb, thumbnail_bytes(img))
+            except OSError:  # a full disk in a worker: the main process rebuilds missing thumbnails and reports it
+                pass
         return {"i": i, "ok": True, "pixels": self.preprocess(img), "size": list(img.size)}
 
 
