@@ -39,7 +39,8 @@ FIELDS = {"image", "text", "method", "alpha", "k", "expand", "nqe", "negative_te
 BUSY = "the server is busy; try again in a moment"
 MAX_BODIES_READ = 16  # request bodies read at once; more wait for none: 503 before their bodies are read
 BODY_BYTES_FACTOR = 2  # ... and at most this many bodies at the size limit in all (declared Content-Length)
-IDLE_BODY_S = 15.0  # a request body that sends nothing for this long is answered 408 and closed
+TRIM_AFTER_BYTES = 1_000_000  # after a body this large, freed memory is handed back (release_memory)
+IDLE_BODY_S = 15.0  # default of CIS_BODY_IDLE_S: a request body that sends nothing for this long is answered 408 and closed
 log = logging.getLogger(__name__)
 
 
@@ -127,6 +128,17 @@ def search_kwargs(payload, settings: Settings) -> dict:
             "explain": payload.get("explain", True), "exclude_reference": not payload.get("keep_reference", False)}
 
 
+def release_memory() -> None:
+    """Hand freed heap pages back to the system after a large request (glibc keeps them per thread arena
+    otherwise, so a burst of large bodies would stay in the server's RSS after it ended)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc
+        pass
+
+
 class Admission:
     """Bodies admitted for reading: at most ``max_bodies`` at once and ``max_bytes`` declared in all
     (a body without Content-Length counts as ``body_limit``). Decided from the headers, before a byte of
@@ -186,7 +198,7 @@ class IdleBodyTimeout:
         try:
             await self.app(scope, timed_receive, watched_send)
         except BodyTimeout:
-            log.info("%s %s: request body idle for %.0f s; closed (408)", scope.get("method"), scope.get("path"),
+            log.warning("%s %s: request body idle for %.0f s; closed (408)", scope.get("method"), scope.get("path"),
                      self.idle_s)
             if not state["started"]:
                 body = json.dumps({"error": f"the request body stalled for {self.idle_s:g} s; send it again"}).encode()
@@ -213,54 +225,62 @@ def search_route(engine: SearchEngine, settings: Optional[Settings] = None, work
 
     def error(status: int, message: str, close: bool = False) -> JSONResponse:
         if status < 500 or status == 503:
-            log.info("POST /api/search refused (%d): %s", status, message)  # one line, no traceback
+            log.warning("POST /api/search refused (%d): %s", status, message)  # one line, no traceback
         return JSONResponse({"error": message}, status_code=status,
                             headers={"connection": "close"} if close else None)
 
-    def run(body: bytes) -> bytes:
-        payload = parse_body(body)
-        del body
-        resp = search(engine, **search_kwargs(payload, settings))
-        return json.dumps(resp.to_json()).encode()
+    def run(holder: list) -> bytes:
+        big = len(holder[0]) > TRIM_AFTER_BYTES
+        try:
+            payload = parse_body(holder.pop())  # the only reference: the body goes once parsed
+            kwargs = search_kwargs(payload, settings)
+            del payload
+            resp = search(engine, **kwargs)
+            del kwargs
+            return json.dumps(resp.to_json()).encode()
+        finally:
+            if big:
+                release_memory()
 
-    async def read_body(request: Request, limit: int) -> Optional[bytes]:
-        """The body, or None once it passes ``limit`` (read no further: a huge body never sits in memory)."""
-        chunks, size = [], 0
+    async def read_body(request: Request, limit: int) -> Optional[bytearray]:
+        """The body in one buffer, or None once it passes ``limit`` (read no further: a huge body never sits
+        in memory)."""
+        buf = bytearray()
         async for chunk in request.stream():
-            size += len(chunk)
-            if size > limit:
+            if len(buf) + len(chunk) > limit:
                 return None
-            chunks.append(chunk)
-        return b"".join(chunks)
+            buf += chunk
+        return buf
 
     async def endpoint(request: Request):
         declared_text = request.headers.get("content-length", "")
         declared = int(declared_text) if declared_text.isdigit() else max_body
-        if declared > max_body:
+        if declared > max_body:  # a body up to a few times the limit is drained unread by the server, so the
+            # client reads the answer; a larger one gets its answer and the connection closed
             return error(413, f"the request is over {max_body / 1e6:.1f} MB; images are limited to "
-                              f"{settings.max_upload_mb:g} MB", close=True)
+                              f"{settings.max_upload_mb:g} MB", close=declared > 4 * max_body)
         with lock:
             if state["in"] >= waiting_max:
-                return error(503, BUSY, close=True)
+                return error(503, BUSY)
             state["in"] += 1
         try:
             if not admission.enter(declared):
-                return error(503, BUSY, close=True)
+                return error(503, BUSY)
             try:
                 body = await read_body(request, declared if declared_text.isdigit() else max_body)
             finally:
                 admission.leave(declared)
             if body is None:
                 return error(413, f"the request is over {max_body / 1e6:.1f} MB; images are limited to "
-                                  f"{settings.max_upload_mb:g} MB", close=True)
+                                  f"{settings.max_upload_mb:g} MB")
+            holder = [body]
+            del body
             try:
-                data = await asyncio.get_running_loop().run_in_executor(pool, run, body)
+                data = await asyncio.get_running_loop().run_in_executor(pool, run, holder)
             except EngineError as exc:  # bad input, an unavailable method: the user's to fix
                 return error(400, plain_message(exc))
             except Exception as exc:  # noqa: BLE001 - one plain sentence; details go to the server log
                 return error(500, plain_message(exc))
-            finally:
-                del body
         finally:
             with lock:
                 state["in"] -= 1
@@ -271,10 +291,11 @@ def search_route(engine: SearchEngine, settings: Optional[Settings] = None, work
 
 def api_middleware(settings: Optional[Settings] = None) -> List:
     """Middleware for the whole app (``app_kwargs={"middleware": api_middleware(...)}``): idle request bodies
-    are closed with HTTP 408 after ``IDLE_BODY_S`` seconds, on every route (page uploads included)."""
+    are closed with HTTP 408 after ``CIS_BODY_IDLE_S`` seconds (``settings.body_idle_s``), on every route (page uploads included)."""
     from starlette.middleware import Middleware
 
-    return [Middleware(IdleBodyTimeout, idle_s=IDLE_BODY_S)]
+    settings = settings or Settings()
+    return [Middleware(IdleBodyTimeout, idle_s=float(settings.body_idle_s) or IDLE_BODY_S)]
 
 
 def api_routes(engine: SearchEngine, settings: Optional[Settings] = None) -> List:

@@ -52,7 +52,7 @@ def user_errors(fn):
         except Exception as exc:
             msg = plain_message(exc)  # a bug's traceback is logged there, once
             if isinstance(exc, EngineError):  # a user's mistake: one log line, no traceback
-                log.info("refused: %s", msg)
+                log.warning("refused: %s", msg)
             raise gr.Error(html.escape(msg, quote=False), print_exception=False) from None  # pop-ups render HTML
 
     return wrapper

@@ -23,7 +23,7 @@ EXTENSIONS = {"image/jpeg": ".jpg", "image/png": ".png", "image/webp": ".webp", 
 
 def refuse(message: str) -> gr.Error:
     """A user's mistake: one sentence on the page, one line in the log, no traceback."""
-    log.info("refused a reference image: %s", message)
+    log.warning("refused a reference image: %s", message)
     return gr.Error(message, print_exception=False)
 
 
