@@ -34,6 +34,8 @@ from typing import Dict, List, Optional, Tuple
 from urllib.parse import urlparse
 
 ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:  # run as a script from any folder
+    sys.path.insert(0, str(ROOT))
 MB = 1 << 20
 
 
