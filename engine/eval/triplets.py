@@ -268,7 +268,7 @@ def evaluate_triplets(engine, triplets: Iterable[Triplet], nqe: int = 8, alpha: 
         if progress:
             progress(len(chunk))
     results: Dict[str, Dict[str, Dict[str, float]]] = {}
-    for m in live:
+    for m in (live if total else []):
         results[m] = {}
         for e in exps:
             r = np.concatenate(ranks[(m, e)]) if ranks[(m, e)] else np.zeros(0)
