@@ -57,6 +57,7 @@ class ReferenceImage(gr.Image):
     """``gr.Image(type="filepath")`` that passes a path without opening the file (``max_bytes`` bounds a
     ``data:`` URL; set it from the settings, as :func:`reference_image` does)."""
 
+    is_template = True  # the page draws it with gr.Image's own frontend (Blocks.get_block_name)
     max_bytes = 20_000_000
 
     def preprocess(self, payload):
