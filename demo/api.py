@@ -62,7 +62,7 @@ def parse_body(body: bytes):
     except RecursionError:
         raise InputError("the request body is nested too deeply; send one flat JSON object") from None
     except ValueError:  # JSONDecodeError, UnicodeDecodeError
-        raise InputError("the request body is not valid JSON (UTF-8)") from None
+        raise InputError("the request body is not valid JSON") from None
 
 
 def _string(payload: dict, name: str, required: bool = False) -> Optional[str]:
