@@ -167,3 +167,24 @@ def test_data_url_reference_is_not_decoded_by_gradio(server):
     assert all("12000x12000 pixels" in m for _, m in results), results
     assert p.growth < 200 * MB, p.growth / MB
     assert json.loads(json.dumps(results))  # plain data
+
+
+def test_zip_with_awkward_modes_is_indexed_and_a_bad_member_skipped(server, tmp_path):
+    """One palette, 1-bit or 16-bit member used to fail the whole upload (``Image.reduce``: wrong mode)."""
+    import io
+    import zipfile
+
+    url, pid, log = server
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as z:
+        z.writestr("palette.png", hb.png(4200, 4200, 8, 3))
+        z.writestr("bits.png", hb.png(4200, 4200, 1, 0))
+        z.writestr("gray16.png", hb.png(4200, 4200, 16, 0))
+        z.writestr("photo.jpg", hb.jpeg_photo())
+        z.writestr("broken.png", hb.header_only_png())
+    event, data = hb.gradio_call(url, "index_zip", [hb.upload(url, "photos.zip", buf.getvalue()), "auto"])
+    assert event == "complete", data
+    status = " ".join(d for d in data if isinstance(d, str))  # the status line (the session state is not sent)
+    status = __import__("html").unescape(status)  # names are escaped for Markdown
+    assert "Indexed **4** photos" in status and "Skipped 1: broken.png" in status, status
+    assert "Traceback" not in log.read_text(errors="replace")

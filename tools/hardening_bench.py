@@ -206,25 +206,30 @@ def data_url_file(name: str, data: bytes) -> dict:
 def gradio_search(url: str, image, text: str = "") -> Tuple[str, str]:
     """(event, message) of ``/search`` through Gradio's queue: "complete" or "error" and its sentence."""
     args = [image, text, "sum" if text else "image", 0.5, 3, False, "none", 64, True]
-    c = _conn(url)
+    event, payload = gradio_call(url, "search", args)
+    return event, (payload.get("error") if isinstance(payload, dict) else "") or ""
+
+
+def gradio_call(url: str, api: str, args: list, timeout: float = 300.0):
+    """(event, decoded data) of a call through Gradio's queue API: "complete" with the outputs, or "error"
+    with ``{"error": sentence}``."""
+    c = _conn(url, timeout)
     try:
-        c.request("POST", "/gradio_api/call/search", body=json.dumps({"data": args}).encode(),
+        c.request("POST", f"/gradio_api/call/{api}", body=json.dumps({"data": args}).encode(),
                   headers={"Content-Type": "application/json"})
         event_id = json.loads(c.getresponse().read())["event_id"]
-        c.request("GET", f"/gradio_api/call/search/{event_id}")
+        c.request("GET", f"/gradio_api/call/{api}/{event_id}")
         r = c.getresponse()
         event = None
         while True:
             line = r.readline()
             if not line:
-                return event or "closed", ""
+                return event or "closed", None
             line = line.decode().strip()
             if line.startswith("event:"):
                 event = line.split(":", 1)[1].strip()
             elif line.startswith("data:") and event in ("complete", "error"):
-                payload = json.loads(line.split(":", 1)[1].strip() or "null")
-                msg = payload.get("error") if isinstance(payload, dict) else ""
-                return event, msg or ""
+                return event, json.loads(line.split(":", 1)[1].strip() or "null")
     finally:
         c.close()
 
