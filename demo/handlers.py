@@ -50,7 +50,10 @@ def user_errors(fn):
         except gr.Error:
             raise
         except Exception as exc:
-            raise gr.Error(html.escape(plain_message(exc), quote=False)) from None  # pop-ups render HTML
+            msg = plain_message(exc)  # a bug's traceback is logged there, once
+            if isinstance(exc, EngineError):  # a user's mistake: one log line, no traceback
+                log.warning("refused: %s", msg)
+            raise gr.Error(html.escape(msg, quote=False), print_exception=False) from None  # pop-ups render HTML
 
     return wrapper
 

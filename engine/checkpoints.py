@@ -1,7 +1,10 @@
 """Checks shared by every learned part's checkpoint loader."""
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
+import threading
 from pathlib import Path
 from typing import Optional
 
@@ -37,6 +40,89 @@ def read_safetensors_record(path: os.PathLike, key: str, label: str) -> dict:
     if not isinstance(record, dict) or record.get("kind") != key or "config" not in record:
         raise CheckpointError(f"{path.name} is not a {label} checkpoint")
     return record
+
+
+# -- weights that can be used: whole and finite ------------------------------------------------------------
+_VERIFIED: dict = {}  # (path, size, mtime_ns) -> None or why the file is refused
+_REFUSALS = threading.local()
+log = logging.getLogger(__name__)
+
+
+def weights_problem(path: os.PathLike) -> Optional[str]:
+    """None when the safetensors file reads whole and every floating-point tensor in it is finite, else why
+    not, as the end of a sentence naming the file. Checked once per file version (size and mtime); a refused
+    file is logged once, in one line."""
+    path = Path(path)
+    try:
+        st = path.stat()
+    except OSError as exc:
+        return f"cannot be read ({exc.strerror or exc.__class__.__name__})"
+    key = (str(path), st.st_size, st.st_mtime_ns)
+    if key in _VERIFIED:
+        problem = _VERIFIED[key]
+    else:
+        problem = None
+        try:
+            problem = _nonfinite(path)
+        except Exception as exc:  # truncated, not safetensors, unreadable
+            problem = f"is damaged or truncated ({exc.__class__.__name__}); restore or retrain it"
+        _VERIFIED[key] = problem
+        if problem:
+            log.warning("checkpoint %s %s; refused (the next one on the search path is used)", path.name, problem)
+    if problem and getattr(_REFUSALS, "found", None) is not None:
+        _REFUSALS.found.append(f"{path.name} {problem}")
+    return problem
+
+
+def _nonfinite(path: Path) -> Optional[str]:
+    """Reads every tensor (numpy, fast; torch for dtypes numpy lacks, e.g. bfloat16); why the file is refused
+    when a floating-point tensor holds NaN or infinity."""
+    import numpy as np
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt") as f:
+        names = list(f.keys())
+    bad = None
+    try:
+        with safe_open(str(path), framework="np") as f:
+            for name in names:
+                a = f.get_tensor(name)
+                if a.dtype.kind == "f" and not np.isfinite(a).all():
+                    bad = name
+                    break
+    except TypeError:  # a dtype numpy cannot hold
+        import torch
+
+        with safe_open(str(path), framework="pt") as f:
+            for name in names:
+                t = f.get_tensor(name)
+                if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+                    bad = name
+                    break
+    return None if bad is None else f"holds NaN or infinite weights (tensor {bad!r}); retrain it or restore the file"
+
+
+def _log_unreadable(path: Path, exc: Exception) -> None:
+    try:
+        st = path.stat()
+        key = ("record", str(path), st.st_size, st.st_mtime_ns)
+    except OSError:
+        key = ("record", str(path))
+    if key not in _VERIFIED:
+        _VERIFIED[key] = str(exc)
+        log.warning("checkpoint %s passed over: %s", path.name, exc)
+
+
+@contextlib.contextmanager
+def refusals():
+    """Collects, in this thread, the sentences of the checkpoints :func:`resolve` refused inside the block
+    (so a part left unavailable can say why, instead of only "no checkpoint")."""
+    previous = getattr(_REFUSALS, "found", None)
+    _REFUSALS.found = found = []
+    try:
+        yield found
+    finally:
+        _REFUSALS.found = previous
 
 
 def find_checkpoints(checkpoint_dir: os.PathLike, pattern: str, read_record, fingerprint: str):
@@ -116,7 +202,8 @@ def resolve(patterns, read_record, fingerprint: Optional[str], checkpoint_dir=No
     """[(path, record)] of the checkpoints fitting ``fingerprint`` (all readable ones when None), best first.
 
     ``patterns``: glob(s) of the part's ``.safetensors`` files; ``read_record(path)`` returns its record or
-    raises CheckpointError (such files are passed over); ``variant_rank(record)`` gives the variant priority
+    raises CheckpointError (such files are passed over, as are files whose weights are damaged or not finite:
+    :func:`weights_problem`); ``variant_rank(record)`` gives the variant priority
     (lower first); ``accept(record)`` may drop further misfits (e.g. another embedding size)."""
     if isinstance(patterns, str):
         patterns = [patterns]
@@ -128,11 +215,14 @@ def resolve(patterns, read_record, fingerprint: Optional[str], checkpoint_dir=No
         for path in names:
             try:
                 record = read_record(path)
-            except CheckpointError:
+            except CheckpointError as exc:  # damaged record: passed over, in one log line per file version
+                _log_unreadable(path, exc)
                 continue
             if fingerprint is not None and record.get(fingerprint_key) != fingerprint:
                 continue
             if accept is not None and not accept(record):
+                continue
+            if weights_problem(path):  # damaged or non-finite: passed over, so the next valid one is used
                 continue
             rank = variant_rank(record) if variant_rank else 0
             found.append(((position, rank, path.name), path, record))

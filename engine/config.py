@@ -34,6 +34,9 @@ class Settings:
     checkpoints: str = field(default_factory=lambda: _env("CIS_CHECKPOINTS", str(ASSETS / "checkpoints")))
     max_upload_mb: float = field(default_factory=lambda: float(_env("CIS_MAX_UPLOAD_MB", "20")))
     max_pixels: int = field(default_factory=lambda: int(_env("CIS_MAX_PIXELS", str(40_000_000))))
+    # bytes one image decode may use, counted for its real mode before decoding (engine/images.py decode_cost)
+    max_decode_mb: float = field(default_factory=lambda: float(_env("CIS_MAX_DECODE_MB", "128")))
+    body_idle_s: float = field(default_factory=lambda: float(_env("CIS_BODY_IDLE_S", "15")))  # stalled body: 408
     max_zip_mb: float = field(default_factory=lambda: float(_env("CIS_MAX_ZIP_MB", "200")))
     max_zip_files: int = field(default_factory=lambda: int(_env("CIS_MAX_ZIP_FILES", "2000")))
     max_aspect: float = field(default_factory=lambda: float(_env("CIS_MAX_ASPECT", "20")))

@@ -340,7 +340,7 @@ def _prepare_part(part, bb, spec, device, out, search, force, sources, small, qu
     if part == "context-i2w" and ci2w_ckpt:
         from .fetch import fetch_verified
 
-        local = fetch_verified(ci2w_ckpt, sha256, quiet=quiet)
+        local = fetch_verified(ci2w_ckpt, sha256, quiet=quiet, deadline=deadline)  # within the budget
         target = target_path(part, bb, out)
         _run_trainer(MODULES[part], ["--backbone", spec, "--device", device, "--checkpoint", str(local),
                                      "--epochs", "0", "--out", str(out), "--name", target.name,

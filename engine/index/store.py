@@ -131,6 +131,13 @@ class GalleryIndex:
         name = f"v-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}-{time.monotonic_ns() % 10**6}"
         tmp = self.folder / f".{name}.tmp"
         tmp.mkdir()
+        try:
+            return self._save_version(tmp, name)
+        except BaseException:  # a full disk, a kill: the half-written version goes, CURRENT still names the old
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+
+    def _save_version(self, tmp: Path, name: str) -> Path:
         self.meta.update(format=FORMAT_VERSION, count=len(self.items), dim=int(self.embeddings.shape[1]))
         with open(tmp / "embeddings.npy", "wb") as f:
             np.save(f, np.ascontiguousarray(self.embeddings, dtype=np.float16), allow_pickle=False)
@@ -170,7 +177,14 @@ class GalleryIndex:
         current = folder / "CURRENT"
         if not current.exists():
             raise IndexLoadError(f"no index at {folder} (CURRENT is missing); build it with `python -m engine index`")
-        version = folder / current.read_text().strip()
+        try:
+            name = current.read_bytes().decode("utf-8").strip()
+        except (OSError, UnicodeDecodeError):
+            raise IndexLoadError(f"the index's CURRENT file at {folder} is unreadable or not UTF-8 text; "
+                                 "rebuild the index") from None
+        version = folder / name
+        if not name or Path(name).name != name or name in (".", "..") or not version.is_dir():
+            raise IndexLoadError(f"the index's CURRENT file at {folder} names no version of it; rebuild the index")
         if verify:
             verify_checksums(version)
         meta_path = version / "meta.json"
