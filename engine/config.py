@@ -70,3 +70,25 @@ def resolve_device(device: str = "auto") -> str:
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise RuntimeError("CIS_DEVICE asks for CUDA but no GPU is visible")
     return device
+
+
+# -- the environment of child processes and of this process -------------------------------------------------
+# The only other places that touch os.environ: what a subprocess inherits and defaults set before a library
+# reads them (Gradio's analytics switch, the data builders' progress bars). Reads go through Settings.
+
+
+def child_environment(only_prefixes=None, **overrides: str) -> dict:
+    """A copy of this process's environment for a subprocess, with ``overrides`` set; with ``only_prefixes``
+    (a tuple of prefixes, e.g. ``("CIS_", "HF_")``) only the variables that start with one of them."""
+    env = dict(os.environ)
+    if only_prefixes is not None:
+        env = {k: v for k, v in env.items() if k.startswith(tuple(only_prefixes))}
+    env.update({k: str(v) for k, v in overrides.items()})
+    return env
+
+
+def set_default_environment(**values: str) -> None:
+    """Sets each variable that is not set yet (``os.environ.setdefault``): defaults this process and its
+    children read, such as ``GRADIO_ANALYTICS_ENABLED`` before Gradio is imported."""
+    for name, value in values.items():
+        os.environ.setdefault(name, str(value))

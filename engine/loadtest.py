@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Dict, List, Optional
 from urllib.parse import urlparse
 
-from .bench import load_average
+from .sysinfo import load_average
 from .config import ROOT, Settings
 from .errors import InputError
 from .images import IMAGE_EXTENSIONS

@@ -529,7 +529,7 @@ def test_train_cli_on_feature_file(tmp_path, capsys):
 
 
 def test_bench_tables_on_small_data():
-    from engine.index.ics_bench import PAPER, map_table, million_table, recall_table, to_markdown
+    from engine.bench.ics import PAPER, map_table, million_table, recall_table, to_markdown
 
     x, labels, digit = _digits_multilabel()
     table, models = map_table("digits", x[:1000], labels[:1000], x[1000:1100], labels[1000:1100], x[1100:],
@@ -563,7 +563,7 @@ def test_bench_tables_on_small_data():
 def test_ics_bench_million_only_keeps_the_previous_tables(tmp_path):
     from types import SimpleNamespace
 
-    from engine.index.ics_bench import bench_section
+    from engine.bench.ics import section_ics as bench_section
 
     old = ("# Benchmarks\n\nWritten by `python -m engine bench` on 2026-11-29.\n\n## ics\n\nmAP@1000 on X\n\n"
            "| bits | ICS |\n|---|---|\n| 64 | 0.7 |\n\n1,000,000 synthetic 512-d vectors, one thread, single queries: "

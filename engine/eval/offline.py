@@ -25,7 +25,7 @@ from .metrics import first_hit_ranks, recall_from_ranks
 KS = (1, 5, 10, 50)
 # name -> "module:function(args, ctx) -> (markdown, data)" for sections other parts provide
 EXTRA_SECTIONS = {
-    "query-expansion": "engine.expand.evaluate:offline_section",
+    "query-expansion": "engine.eval.expansion:offline_section",
     "backbone-versions": "engine.eval.concepts:offline_section",
     "generalise": "engine.eval.generalise:offline_section",
 }

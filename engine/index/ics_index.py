@@ -423,21 +423,17 @@ def make_ics_index(bits: int, dim: int, n: int = 0, checkpoint_dir=None, fingerp
     return CompactBinaryIndex(dim, model, kind=f"ics-{bits}", rerank=rerank, **options)
 
 
-def exact_top(vectors: np.ndarray, queries: np.ndarray, k: int = 10) -> np.ndarray:
-    """(Q, k) ids of exact inner-product search, the reference for :func:`candidate_recall`."""
-    return np.argsort(-(np.asarray(queries, np.float32) @ np.asarray(vectors, np.float32).T), axis=1,
-                      kind="stable")[:, :k]
-
-
 def candidate_recall(hasher: Hasher, vectors: np.ndarray, queries: np.ndarray, rerank: int, k: int = 10,
                      exact: Optional[np.ndarray] = None) -> float:
     """recall@k of the compact index (Hamming top-``rerank``, then float re-rank) over ``vectors`` against
-    exact search (``exact``: precomputed :func:`exact_top` ids, to share them between hashers)."""
-    exact = exact_top(vectors, queries, k) if exact is None else exact
+    exact search (``exact``: precomputed :func:`engine.eval.metrics.exact_top_ids` ids, to share them between hashers)."""
+    from ..eval.metrics import approximate_recall, exact_top_ids
+
+    exact = exact_top_ids(vectors, queries, k) if exact is None else exact
     idx = CompactBinaryIndex(vectors.shape[1], hasher, kind=getattr(hasher, "name", "codes"), rerank=rerank)
     idx.build(vectors)
     ids = idx.search(queries, k)[1]
-    return float(np.mean([len(set(a) & set(b)) / k for a, b in zip(ids, exact)]))
+    return approximate_recall(ids, exact)
 
 
 def available_ics_types(checkpoint_dir=None, fingerprint: Optional[str] = None, dim: Optional[int] = None) -> list:

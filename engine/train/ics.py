@@ -390,7 +390,8 @@ def evaluate_codes(model, train_x, q_x, q_y, db_x, db_y, top: int, seed: int = 0
     * ``recall10_*``: recall@10 of the compact index (Hamming top-``rerank`` then exact re-rank) against
       exact float search, queries against every non-query item (train + db), ``rerank`` = 5% of them.
     """
-    from ..index.ics_index import candidate_recall, exact_top
+    from ..eval.metrics import exact_top_ids
+    from ..index.ics_index import candidate_recall
 
     bits = model.bits
     res = {"map_float": map_at_n(q_y, db_y, top, query_vectors=q_x, db_vectors=db_x), "top": top}
@@ -398,7 +399,7 @@ def evaluate_codes(model, train_x, q_x, q_y, db_x, db_y, top: int, seed: int = 0
     if bits <= train_x.shape[1] and len(train_x) >= bits:
         hashers["itq"] = ITQHasher(train_x, bits, seed=seed)
     gallery = np.concatenate([train_x, db_x]).astype(np.float32)
-    exact = exact_top(gallery, q_x)
+    exact = exact_top_ids(gallery, q_x)
     res["rerank"] = max(10, int(np.ceil(0.05 * len(gallery))))
     for name, h in hashers.items():
         res[f"map_{name}"] = map_at_n(q_y, db_y, top, query_codes=h.encode(q_x), db_codes=h.encode(db_x), bits=bits)
