@@ -14,7 +14,8 @@ from engine.index.ics import (ICSConfig, code_distance, hadamard, hash_centres, 
                               neg_log_likelihood, neighbour_loss, pack_bits, save_ics, unpack_signs)
 from engine.index.ics_baselines import ITQHasher, LSHHasher
 from engine.train.ics import pgd_weights, project_simplex, train_ics, weight_objective
-from engine.index.ics_index import CompactBinaryIndex, HammingScan, LSHIndex, candidate_recall, make_ics_index
+from engine.index.ics_index import CompactBinaryIndex, HammingScan, LSHIndex, make_ics_index
+from engine.train.ics import candidate_recall
 from engine.index.vectors import VECTOR_INDEXES, create_vector_index
 
 torch.set_num_threads(1)

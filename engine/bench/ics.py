@@ -27,9 +27,9 @@ import numpy as np
 from ..eval.metrics import approximate_recall, exact_top_ids, map_at_n
 from ..index.ics import ICSConfig, labels_to_matrix
 from ..index.ics_baselines import ITQHasher, LSHHasher
-from ..index.ics_index import CompactBinaryIndex, candidate_recall
+from ..index.ics_index import CompactBinaryIndex
 from ..sysinfo import load_average
-from ..train.ics import train_ics
+from ..train.ics import candidate_recall, train_ics
 from .base import SECTIONS
 
 

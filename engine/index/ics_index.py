@@ -423,19 +423,6 @@ def make_ics_index(bits: int, dim: int, n: int = 0, checkpoint_dir=None, fingerp
     return CompactBinaryIndex(dim, model, kind=f"ics-{bits}", rerank=rerank, **options)
 
 
-def candidate_recall(hasher: Hasher, vectors: np.ndarray, queries: np.ndarray, rerank: int, k: int = 10,
-                     exact: Optional[np.ndarray] = None) -> float:
-    """recall@k of the compact index (Hamming top-``rerank``, then float re-rank) over ``vectors`` against
-    exact search (``exact``: precomputed :func:`engine.eval.metrics.exact_top_ids` ids, to share them between hashers)."""
-    from ..eval.metrics import approximate_recall, exact_top_ids
-
-    exact = exact_top_ids(vectors, queries, k) if exact is None else exact
-    idx = CompactBinaryIndex(vectors.shape[1], hasher, kind=getattr(hasher, "name", "codes"), rerank=rerank)
-    idx.build(vectors)
-    ids = idx.search(queries, k)[1]
-    return approximate_recall(ids, exact)
-
-
 def available_ics_types(checkpoint_dir=None, fingerprint: Optional[str] = None, dim: Optional[int] = None) -> list:
     """The ``ics-K`` index types whose checkpoint exists and fits this backbone (fingerprint, embedding size)."""
     folder = checkpoint_dir if checkpoint_dir else default_checkpoint_dir()

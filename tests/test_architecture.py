@@ -1,0 +1,122 @@
+"""The house rules a newcomer relies on, checked from the source: import layers (tools/layers.py), one
+reader of the environment (engine/config.py), and modules / functions small enough to read."""
+import ast
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tools"))
+
+import layers  # noqa: E402
+
+SOURCES = sorted((ROOT / "engine").rglob("*.py")) + sorted((ROOT / "demo").rglob("*.py")) + [ROOT / "app.py"]
+
+
+def _rel(path: Path) -> str:
+    return path.relative_to(ROOT).as_posix()
+
+
+# -- import layers ----------------------------------------------------------------------------------------
+
+
+def test_layers_tool_prints_the_layers_and_passes():
+    out = subprocess.run([sys.executable, str(ROOT / "tools" / "layers.py")], capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "layer 0: foundation" in out.stdout and "search [runtime] ->" in out.stdout
+    assert out.stdout.rstrip().endswith("layers OK")
+
+
+def _project(tmp_path: Path, files: dict) -> Path:
+    for name, text in {"engine/__init__.py": "", "engine/config.py": "", **files}.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    return tmp_path
+
+
+@pytest.mark.parametrize("text", ["from ..train.ics import x\n", "def f():\n    from ..bench import SECTIONS\n",
+                                  "import engine.loadtest\n", "from engine import eval\n"])
+def test_runtime_import_of_offline_code_is_forbidden(tmp_path, text):
+    root = _project(tmp_path, {"engine/index/__init__.py": "", "engine/index/store.py": text})
+    graph, problems = layers.check(root)
+    assert len(problems) == 1 and "engine/index/store.py" in problems[0], problems
+
+
+def test_upward_import_and_unknown_unit_are_forbidden(tmp_path):
+    root = _project(tmp_path, {"engine/errors.py": "from .search import search\n",
+                               "engine/newthing.py": "from .config import X\n"})
+    _, problems = layers.check(root)
+    assert any("errors.py:1: errors (foundation) imports engine.search from a higher layer" in p for p in problems)
+    assert any("unit 'newthing' is in no layer" in p for p in problems)
+    # and the same project with the imports the other way round is fine
+    root2 = _project(tmp_path / "ok", {"engine/search.py": "from .errors import InputError\n"})
+    assert layers.check(root2)[1] == []
+
+
+# -- one reader of the environment ------------------------------------------------------------------------
+
+ENV_READ = re.compile(r"\bos\.environ\b|\bos\.getenv\b|\benviron\.get\b|\bgetenv\(|\bfrom os import [^\n]*environ")
+ENV_ALLOWED = {
+    "engine/config.py": "the one reader: Settings and the child-process helpers",
+}
+
+
+def test_only_config_reads_the_environment():
+    offenders = []
+    for path in SOURCES:
+        if _rel(path) in ENV_ALLOWED:
+            continue
+        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if ENV_READ.search(line.split("#", 1)[0]):
+                offenders.append(f"{_rel(path)}:{n}: {line.strip()}")
+    assert not offenders, "read the environment through engine.config (Settings, child_environment):\n" + \
+        "\n".join(offenders)
+
+
+def test_env_pattern_catches_the_usual_spellings():
+    for line in ('x = os.environ["A"]', "os.getenv('A')", "environ.get('A')", "from os import environ"):
+        assert ENV_READ.search(line), line
+    assert not ENV_READ.search("settings.checkpoints")
+
+
+# -- size -------------------------------------------------------------------------------------------------
+
+MAX_MODULE_LINES, MAX_FUNCTION_LINES = 600, 80
+# (path or path:function) -> why it is still over the limit; shrink this list, never grow it
+SIZE_ALLOWED = {
+    "demo/ui.py:build_demo": "the page builder; being split into small builders by another helper (issue #26)",
+    "engine/search.py:search": "being split into validate / first stage / expand / collect by the lead (#26)",
+    "engine/data/builders/cir.py:build_cir": "engine/data is edited by the lead in this round (#25)",
+    "engine/train/context_i2w.py": "the lead's trainer (#25); to be split like engine/train/lattqe/",
+    "engine/train/context_i2w.py:train_mapper": "the lead's trainer (#25)",
+    "engine/train/context_i2w.py:main": "the lead's trainer (#25)",
+    "engine/train/rtic.py": "the lead's trainer (#25); to be split like engine/train/lattqe/",
+    "engine/train/rtic.py:fit": "the lead's trainer (#25)",
+    "engine/train/rtic.py:main": "the lead's trainer (#25)",
+    "engine/train/gcn_graph.py:build_graph": "one pass over the caption set; split pending",
+    "engine/train/lattqe.py": "being split into engine/train/lattqe/ (#26)",
+    "engine/train/lattqe.py:train_lattqe": "being split into engine/train/lattqe/ (#26)",
+    "engine/train/lattqe.py:main": "being split into engine/train/lattqe/ (#26)",
+}
+
+
+def _sizes():
+    for path in SOURCES:
+        if not path.exists():
+            continue
+        text = path.read_text(encoding="utf-8")
+        yield _rel(path), len(text.splitlines()), MAX_MODULE_LINES
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                yield f"{_rel(path)}:{node.name}", node.end_lineno - node.lineno + 1, MAX_FUNCTION_LINES
+
+
+def test_no_module_or_function_over_the_limit():
+    over = {name: n for name, n, limit in _sizes() if n > limit}
+    new = {name: n for name, n in over.items() if name not in SIZE_ALLOWED}
+    assert not new, f"over {MAX_MODULE_LINES} lines per module / {MAX_FUNCTION_LINES} per function: {new}"
+    fixed = sorted(set(SIZE_ALLOWED) - set(over))
+    assert not fixed, f"now within the limits, remove from SIZE_ALLOWED: {fixed}"
