@@ -104,7 +104,7 @@ class BackgroundPrepare:
         status.state = StateDict(status.state)
         try:
             prepare(self.spec, None, self.parts, self.budget, device=engine.settings.device, quiet=True,
-                    status=status)
+                    status=status, settings=engine.settings)
         except Exception as exc:
             self.error = f"{exc.__class__.__name__}: {exc}"
             log.exception("background prepare failed")

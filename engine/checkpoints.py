@@ -58,7 +58,7 @@ def find_checkpoints(checkpoint_dir: os.PathLike, pattern: str, read_record, fin
 #     3. the file name.
 # File modification times and stored held-out (test-split) figures never take part in the choice.
 
-ENV_VAR = "CIS_CHECKPOINTS"
+ENV_VAR = "CIS_CHECKPOINTS"  # read by engine.config.Settings (checkpoints_given)
 
 
 def bundled_dir() -> Path:
@@ -72,9 +72,10 @@ def prepared_dir(create: bool = False) -> Path:
     """Where ``python -m engine prepare`` and the Space's background prepare put checkpoints by default
     (inside the cache dir, so a mounted persistent volume keeps them between starts; ``CIS_PREPARED_DIR``
     overrides it)."""
-    from .config import cache_dir
+    from .config import Settings, cache_dir
 
-    path = Path(os.environ["CIS_PREPARED_DIR"]) if os.environ.get("CIS_PREPARED_DIR") else cache_dir() / "checkpoints"
+    given = Settings().prepared_dir
+    path = Path(given) if given else cache_dir() / "checkpoints"
     if create:
         path.mkdir(parents=True, exist_ok=True)
     return path
@@ -98,7 +99,11 @@ def search_dirs(checkpoint_dir=None) -> list:
     """The folders searched, in order: ``checkpoint_dir`` (default: ``CIS_CHECKPOINTS``; several folders may
     be given separated by ``os.pathsep``), then :func:`prepared_dir`, then :func:`bundled_dir`; duplicates
     are dropped, keeping their first position."""
-    raw = checkpoint_dir if checkpoint_dir not in (None, "") else os.environ.get(ENV_VAR, "")
+    if checkpoint_dir in (None, ""):
+        from .config import Settings
+
+        checkpoint_dir = Settings().checkpoints_given
+    raw = checkpoint_dir
     entries = [str(p) for p in raw] if isinstance(raw, (list, tuple)) else str(raw).split(os.pathsep)
     dirs = [Path(e) for e in entries if e.strip()]
     dirs += [prepared_dir(), bundled_dir()]

@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
 from .checkpoints import file_name, prepared_dir, slug
+from .config import Settings
 from .errors import EngineError, InputError
 
 PARTS = ("context-i2w", "rtic", "lattqe", "ics")
@@ -236,10 +237,13 @@ def _annotate(path: Path, info: dict) -> dict:
 def prepare(backbone: str = "auto", out: Optional[os.PathLike] = None, parts: Sequence[str] = PARTS,
             budget_min: float = 30.0, data: Sequence[str] = (), force: bool = False,
             context_i2w_checkpoint: Optional[str] = None, sha256: Optional[str] = None, device: str = "auto",
-            quiet: bool = False, status: Optional[Status] = None) -> List[Row]:
-    """Makes ``parts`` available for ``backbone``; returns one :class:`Row` per part (see module doc)."""
+            quiet: bool = False, status: Optional[Status] = None, settings=None) -> List[Row]:
+    """Makes ``parts`` available for ``backbone``; returns one :class:`Row` per part (see module doc).
+    ``settings`` (default: read now) gives the ``CIS_CHECKPOINTS`` folders searched after ``out``."""
     from .backbones import create_backbone
-    from .config import resolve_device
+    from .config import Settings, resolve_device
+
+    settings = settings or Settings()
 
     t_start = time.perf_counter()  # the budget counts from here: loading the backbone is part of it
     parts = [p.strip() for p in parts if p.strip()]
@@ -260,7 +264,7 @@ def prepare(backbone: str = "auto", out: Optional[os.PathLike] = None, parts: Se
     spec = backbone
     _BB[spec] = bb
     out = Path(out) if out else prepared_dir()  # created by the first checkpoint written into it
-    search = os.pathsep.join([str(out), os.environ.get("CIS_CHECKPOINTS", "")])
+    search = os.pathsep.join([str(out), settings.checkpoints_given])
     status = status or Status()
     for p in parts:
         status.state[p], status.fraction[p] = "waiting", 0.0
@@ -374,7 +378,8 @@ def format_table(rows: List[Row]) -> str:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m engine prepare", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--backbone", default=os.environ.get("CIS_BACKBONE", "auto"))
+    settings = Settings()
+    ap.add_argument("--backbone", default=settings.backbone)
     ap.add_argument("--device", default="auto")
     ap.add_argument("--out", default=None, help="checkpoint folder (default: the prepared-checkpoint cache)")
     ap.add_argument("--parts", default=",".join(PARTS), help="comma list of " + ", ".join(PARTS))
@@ -387,7 +392,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
     rows = prepare(args.backbone, args.out, args.parts.split(","), args.budget_min, args.data, args.force,
-                   args.context_i2w_checkpoint, args.sha256, args.device, args.quiet)
+                   args.context_i2w_checkpoint, args.sha256, args.device, args.quiet, settings=settings)
     print(format_table(rows))
     print(f"total wall time: {time.perf_counter() - t0:.0f} s (budget {args.budget_min * 60:.0f} s)")
     return 1 if any(r.source == "failed" for r in rows) else 0

@@ -61,6 +61,15 @@ def test_upward_import_and_unknown_unit_are_forbidden(tmp_path):
 ENV_READ = re.compile(r"\bos\.environ\b|\bos\.getenv\b|\benviron\.get\b|\bgetenv\(|\bfrom os import [^\n]*environ")
 ENV_ALLOWED = {
     "engine/config.py": "the one reader: Settings and the child-process helpers",
+    # not this change's files (issue #26 was done beside the lead's #25); the fields exist already:
+    # Settings().twemoji_dir, .fashion_mnist_dir, .tuxpaint_stamps, .gcompris_rcc, .progress, and
+    # engine.config.set_default_environment(CIS_PROGRESS="1") / (GRADIO_ANALYTICS_ENABLED="False")
+    "engine/data/twemoji.py": "lead's engine/data (#25): use Settings().twemoji_dir",
+    "engine/data/fashion_mnist.py": "lead's engine/data (#25): use Settings().fashion_mnist_dir",
+    "engine/data/sources.py": "lead's engine/data (#25): use Settings().tuxpaint_stamps / .gcompris_rcc",
+    "engine/data/builders/common.py": "lead's engine/data (#25): use Settings().progress",
+    "engine/data/builders/__init__.py": "lead's engine/data (#25): use set_default_environment(CIS_PROGRESS='1')",
+    "app.py": "lead's app.py: use set_default_environment(GRADIO_ANALYTICS_ENABLED='False')",
 }
 
 
@@ -74,6 +83,57 @@ def test_only_config_reads_the_environment():
                 offenders.append(f"{_rel(path)}:{n}: {line.strip()}")
     assert not offenders, "read the environment through engine.config (Settings, child_environment):\n" + \
         "\n".join(offenders)
+
+
+def test_every_environment_variable_has_a_setting_and_a_doc_line():
+    """Every CIS_* name in the code, the tests and the docs, and every variable Settings reads, has its doc
+    line in engine.config.ENV_DOCS; every CIS_* name the engine reads is a Settings field."""
+    from engine import config
+
+    config_src = (ROOT / "engine" / "config.py").read_text()
+    read_by_settings = set(re.findall(r'_env\("([A-Z0-9_]+)"', config_src))
+    mentioned = set()
+    for path in [*SOURCES, *sorted((ROOT / "tests").rglob("*.py")), *sorted(ROOT.glob("*.md")),
+                 *sorted((ROOT / "docs").rglob("*.md"))]:
+        if path.exists():
+            mentioned |= set(re.findall(r"\bCIS_[A-Z0-9_]*[A-Z0-9]\b", path.read_text(encoding="utf-8")))
+    missing = sorted((read_by_settings | mentioned) - set(config.ENV_DOCS))
+    assert not missing, f"add a doc line to engine.config.ENV_DOCS for {missing}"
+    assert all(doc.strip() for doc in config.ENV_DOCS.values())
+    engine_names = set()
+    for path in SOURCES:
+        if _rel(path).startswith("engine/") and path.exists():
+            engine_names |= set(re.findall(r"\bCIS_[A-Z0-9_]*[A-Z0-9]\b", path.read_text(encoding="utf-8")))
+    not_in_settings = sorted(engine_names - read_by_settings - {"CIS_CACHE_DIR", "CIS_CHROMIUM", "CIS_WRITE_DOC_IMAGES"})
+    assert not not_in_settings, f"CIS_* variables the engine names but Settings does not read: {not_in_settings}"
+
+
+def test_settings_read_the_new_variables(monkeypatch, tmp_path):
+    from engine import checkpoints
+    from engine.config import Settings
+
+    monkeypatch.setenv("CIS_PREPARED_DIR", str(tmp_path / "prep"))
+    monkeypatch.setenv("CIS_CHECKPOINTS", str(tmp_path / "a"))
+    monkeypatch.setenv("CIS_PROGRESS", "1")
+    s = Settings()
+    assert s.prepared_dir == str(tmp_path / "prep") and s.progress and s.checkpoints_given == str(tmp_path / "a")
+    assert checkpoints.prepared_dir() == tmp_path / "prep"
+    assert checkpoints.search_dirs()[:2] == [tmp_path / "a", tmp_path / "prep"]
+
+
+def test_child_environment_copies_filters_and_overrides(monkeypatch):
+    from engine.config import child_environment, set_default_environment
+
+    monkeypatch.setenv("CISX_A", "1")
+    monkeypatch.setenv("OTHER_X_TEST", "2")
+    env = child_environment(GRADIO_SERVER_PORT=7000)
+    assert env["CISX_A"] == "1" and env["OTHER_X_TEST"] == "2" and env["GRADIO_SERVER_PORT"] == "7000"
+    only = child_environment(only_prefixes=("CISX_",))
+    assert "CISX_A" in only and "OTHER_X_TEST" not in only
+    monkeypatch.delenv("CISX_B", raising=False)
+    set_default_environment(CISX_A="9", CISX_B="3")
+    assert child_environment()["CISX_A"] == "1" and child_environment()["CISX_B"] == "3"
+    monkeypatch.delenv("CISX_B")
 
 
 def test_env_pattern_catches_the_usual_spellings():

@@ -63,7 +63,7 @@ def section_context_i2w(args=None, ctx=None, n: int = 20) -> Tuple[str, dict]:
         pk = None
         rows.append({"setting": f"packaged backbone unavailable ({exc.__class__.__name__})"})
     if pk is not None:
-        found = find_checkpoints(Settings().checkpoints, pk.fingerprint)
+        found = find_checkpoints(((ctx or {}).get("settings") or Settings()).checkpoints, pk.fingerprint)
         if found:
             mapper, rec = load_checkpoint(found[0][0], pk.fingerprint)
             label = f"packaged, shipped checkpoint {rec['file']}"

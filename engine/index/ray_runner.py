@@ -29,6 +29,7 @@ from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
+from ..config import child_environment
 from ..errors import InputError
 from ..fileio import atomic_write_bytes
 from .walk import find_images, load_captions
@@ -194,7 +195,7 @@ class ShardEmbedder:
 def _runtime_env() -> dict:
     """Workers import this package from the driver's copy, and see the same settings."""
     pkg = Path(__file__).resolve().parents[1]
-    env = {k: v for k, v in os.environ.items() if k.startswith(("CIS_", "HF_")) or k in ("XDG_CACHE_HOME",)}
+    env = child_environment(only_prefixes=("CIS_", "HF_", "XDG_CACHE_HOME"))
     return {"py_modules": [str(pkg)], "excludes": ["__pycache__", "*.pyc"], "env_vars": env}
 
 

@@ -29,7 +29,6 @@ import hashlib
 import io
 import json
 import math
-import os
 import random
 import sys
 import time
@@ -43,6 +42,7 @@ import torch.nn.functional as F
 
 from ..compose.context_i2w import (ContextI2WComposer, ContextI2WConfig, ContextI2WMapper, build_prompt,
                                    checkpoint_name, count_parameters, load_authors_checkpoint, save_checkpoint)
+from ..config import Settings
 from ..errors import CheckpointError, InputError
 from ..fileio import atomic_write_bytes
 from .budget import another_epoch_fits
@@ -612,7 +612,7 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--val-split", default="val", help="captions: held-out split ('' = none)")
     ap.add_argument("--val-fraction", type=float, default=0.1, help="pair files/folders: held-out share (by image)")
     ap.add_argument("--max-pairs", type=int, default=0, help="use at most this many training pairs (0 = all)")
-    ap.add_argument("--backbone", default=os.environ.get("CIS_BACKBONE", "auto"))
+    ap.add_argument("--backbone", default=Settings().backbone)
     ap.add_argument("--device", default="auto")
     ap.add_argument("--out", default=None, help="checkpoint folder (default: CIS_CHECKPOINTS / assets/checkpoints)")
     ap.add_argument("--name", default=None, help="checkpoint file name (default context_i2w-<backbone>.safetensors)")
