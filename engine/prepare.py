@@ -37,7 +37,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
-from .checkpoints import file_name, prepared_dir, slug
+from .checkpoints import PARTS as CHECKPOINT_PARTS
+from .checkpoints import file_name, find, prepared_dir, read_record, slug
 from .config import Settings
 from .errors import EngineError, InputError
 
@@ -48,6 +49,7 @@ CONTEXT_I2W_SMALL_RECIPE = ["--gate-init", "0.3", "--local-zero-init", "--global
 RTIC_OFFLINE_RECIPE = ["--tone-edits", "--cos-weight", "0.3"]
 SHARE = {"context-i2w": 0.45, "rtic": 0.20, "lattqe": 0.20, "ics": 0.15}
 ICS_BITS = 64
+PREPARE_CONFIG = {"ics": {"bits": ICS_BITS}}  # which checkpoint of a part prepare makes and looks for
 LATTQE_SETS = "emoji,photos"
 
 
@@ -84,28 +86,18 @@ class Status:
 
 
 def find_existing(part: str, backbone, checkpoint_dir) -> Optional[Path]:
-    """The checkpoint the layer would load for ``part`` and this backbone, or None."""
-    fp = backbone.fingerprint
-    if part == "context-i2w":
-        from .compose.context_i2w import find_checkpoints
-        hits = [p for p, _ in find_checkpoints(checkpoint_dir, fp)]
-    elif part == "rtic":
-        from .compose.rtic import find_checkpoints
-        hits = [p for p, _ in find_checkpoints(checkpoint_dir, fp)]
-    elif part == "lattqe":
-        from .expand.lattqe import find_checkpoints
-        hits = [p.with_suffix(".safetensors") for p in find_checkpoints(checkpoint_dir, fp, backbone.embed_dim)]
-    elif part == "ics":
-        from .index.ics_index import find_ics_checkpoints
-        hits = [p for p, _ in find_ics_checkpoints(ICS_BITS, checkpoint_dir, fp, backbone.embed_dim)]
-    else:
+    """The checkpoint the layer would load for ``part`` and this backbone, or None (the table of parts,
+    :data:`engine.checkpoints.PARTS`: ``rtic`` finds RTIC and RTIC+GCN)."""
+    if part not in PARTS:
         raise InputError(f"unknown part {part!r}; choose from {', '.join(PARTS)}")
-    return hits[0] if hits else None
+    hits = find(part, backbone.fingerprint, checkpoint_dir, dim=backbone.embed_dim, **PREPARE_CONFIG.get(part, {}))
+    return hits[0][0] if hits else None
 
 
 def target_path(part: str, backbone, out: Path) -> Path:
-    name = {"context-i2w": "context_i2w", "ics": f"ics-{ICS_BITS}"}.get(part, part)
-    return out / file_name(name, backbone.name if part != "ics" else backbone.fingerprint)
+    """``<stem>-<backbone slug>.safetensors`` in ``out`` (ICS: ``ics-<bits>``, named by the fingerprint)."""
+    stem = CHECKPOINT_PARTS[part].stem + (f"-{ICS_BITS}" if part == "ics" else "")
+    return out / file_name(stem, backbone.name if part != "ics" else backbone.fingerprint)
 
 
 # -- running the trainers -------------------------------------------------------------------------------
@@ -311,9 +303,7 @@ def _prepare_part(part, bb, spec, device, out, search, force, sources, small, qu
     if not force:
         found = find_existing(part, bb, search)
         if found is not None:
-            side = found.with_suffix(".json")
-            rec = json.loads(side.read_text()) if side.is_file() else {}
-            return Row(part, "existing", str(found), _held_out(part, rec))
+            return Row(part, "existing", str(found), _held_out(part, read_record(found)))
     if part == "context-i2w" and ci2w_ckpt:
         from .fetch import fetch_verified
 

@@ -307,7 +307,8 @@ def test_checkpoint_roundtrip_and_fingerprint_check(tmp_path):
     path = save_ics(model, tmp_path / "ics-16", "bb@1")
     assert path.name == "ics-16.safetensors" and (tmp_path / "ics-16.json").is_file()
     record = json.loads((tmp_path / "ics-16.json").read_text())
-    assert record["fingerprint"] == "bb@1" and record["config"]["bits"] == 16
+    assert record["backbone_fingerprint"] == "bb@1" and record["config"]["bits"] == 16
+    assert record["part"] == "ics" and record["format"] == 2
     loaded = load_ics(path, fingerprint="bb@1")
     np.testing.assert_array_equal(loaded.encode(x), model.encode(x))
     assert loaded.identity() == model.identity()
@@ -517,7 +518,7 @@ def test_train_cli_on_feature_file(tmp_path, capsys):
                "--neighbour-weight", "0.5", "--out", str(tmp_path / "ck"), "--quiet"])
     assert rc == 0
     record = json.loads((tmp_path / "ck" / "ics-16-bb.json").read_text())  # ics-<K>-<backbone slug>
-    assert record["fingerprint"] == "bb@9" and record["bits"] == 16
+    assert record["backbone_fingerprint"] == "bb@9" and record["bits"] == 16
     assert record["splits"] == {"train": 320, "query": 16, "db": 64}
     assert record["eval"]["map_ics"] > record["eval"]["map_lsh"]
     assert record["eval"]["rerank"] == 20 and 0 < record["eval"]["recall10_ics"] <= 1  # 5% of 384 items

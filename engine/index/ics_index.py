@@ -30,7 +30,7 @@ from typing import Optional
 import numpy as np
 
 from ..errors import CheckpointError, IndexLoadError, InputError
-from ..checkpoints import describe_search_path, resolve
+from ..checkpoints import describe_search_path, find
 from .ics import SUPPORTED_BITS, Hasher, load_ics
 from .ics_baselines import LSHHasher
 from .vectors import VECTOR_INDEXES, VectorIndex
@@ -373,31 +373,12 @@ def default_checkpoint_dir() -> Path:
     return Path(Settings().checkpoints)
 
 
-def _ics_record(path: Path) -> dict:
-    """kind / fingerprint / bits / dim from an ICS file's metadata, without loading tensors."""
-    import json
-
-    from safetensors import safe_open
-
-    try:
-        with safe_open(str(path), framework="pt") as f:
-            meta = f.metadata() or {}
-        config = json.loads(meta["config"])
-        if meta.get("kind") != "ics":
-            raise ValueError("not an ICS checkpoint")
-        return {"fingerprint": meta.get("fingerprint", ""), "bits": int(config["bits"]), "dim": int(config["dim"])}
-    except Exception as exc:
-        raise CheckpointError(f"{path.name}: unreadable ICS checkpoint ({exc.__class__.__name__})") from None
-
-
 def find_ics_checkpoints(bits: int, checkpoint_dir=None, fingerprint: Optional[str] = None,
                          dim: Optional[int] = None) -> list:
     """[(path, record)] of the ``bits``-bit ICS heads on the search path (engine.checkpoints) made for
     ``fingerprint`` and ``dim``, best first (search-path position, then file name). Files are named
     ``ics-<K>-<backbone slug>.safetensors``; the older ``ics-<K>.safetensors`` is still read."""
-    return resolve([f"ics-{int(bits)}.safetensors", f"ics-{int(bits)}-*.safetensors"], _ics_record, fingerprint,
-                   checkpoint_dir, fingerprint_key="fingerprint",
-                   accept=lambda r: r["bits"] == int(bits) and (dim is None or r["dim"] == int(dim)))
+    return find("ics", fingerprint, checkpoint_dir, dim=dim, bits=int(bits))
 
 
 def make_ics_index(bits: int, dim: int, n: int = 0, checkpoint_dir=None, fingerprint: Optional[str] = None,
