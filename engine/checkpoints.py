@@ -266,6 +266,7 @@ def default_method(records: dict, available, baseline: str = BASELINE_METHOD):
 
 RECORD_KEY = "cis_checkpoint"
 RECORD_FORMAT = 2
+RECORD_FIELDS = ("format", "part", "backbone_fingerprint", "backbone_name", "config", "recipe", "validation")
 
 
 @dataclass(frozen=True)
@@ -313,8 +314,7 @@ def make_record(part_name: str, fingerprint: str, config: dict, recipe: Optional
                 validation: Optional[dict] = None, backbone_name: str = "", **figures) -> dict:
     """A record of the one schema (see above); ``figures``: further trainer figures kept as more keys."""
     part(part_name)
-    reserved = {"format", "part", "backbone_fingerprint", "backbone_name", "config", "recipe", "validation"}
-    clash = sorted(reserved & set(figures))
+    clash = sorted(set(RECORD_FIELDS) & set(figures))
     if clash:
         raise ValueError(f"{clash} are fields of the record itself")
     return {"format": RECORD_FORMAT, "part": part_name, "backbone_fingerprint": fingerprint,

@@ -157,9 +157,6 @@ SIZE_ALLOWED = {
     "engine/train/rtic.py:fit": "the lead's trainer (#25)",
     "engine/train/rtic.py:main": "the lead's trainer (#25)",
     "engine/train/gcn_graph.py:build_graph": "one pass over the caption set; split pending",
-    "engine/train/lattqe.py": "being split into engine/train/lattqe/ (#26)",
-    "engine/train/lattqe.py:train_lattqe": "being split into engine/train/lattqe/ (#26)",
-    "engine/train/lattqe.py:main": "being split into engine/train/lattqe/ (#26)",
 }
 
 
