@@ -189,23 +189,6 @@ def build_graph(
                             density=density, p=p)
 
 
-def build_graph_dense(features: torch.Tensor, density: float = 0.15, p: float = 0.33) -> Dict[str, torch.Tensor]:
-    """Reference implementation with dense matrices (small N only): returns C, A (with I), A', Â."""
-    f = F.normalize(features.detach().double(), dim=1)
-    n = f.shape[0]
-    c = f @ f.T
-    off = c[~torch.eye(n, dtype=torch.bool)]
-    tau = torch.sort(off, descending=True).values[_k_edges(n, density) - 1]
-    a = (c >= tau).double()
-    a.fill_diagonal_(0)
-    deg = a.sum(1)
-    aw = p * a / deg.clamp(min=1)[:, None]
-    aw.fill_diagonal_(1.0)
-    dinv = aw.sum(1).rsqrt()
-    a_hat = dinv[:, None] * aw * dinv[None, :]
-    return {"C": c, "A": a + torch.eye(n, dtype=torch.float64), "A_reweighted": aw, "A_hat": a_hat, "tau": tau}
-
-
 class _Propagate(torch.autograd.Function):
     """Y = Â X with the backward Âᵀ G done by a precomputed transposed CSR (no conversion per step)."""
 
