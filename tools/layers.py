@@ -23,7 +23,7 @@ from typing import Dict, List, Set, Tuple
 ROOT = Path(__file__).resolve().parent.parent
 
 LAYERS: List[Tuple[str, Set[str]]] = [
-    ("foundation", {"engine", "config", "errors", "registry", "fileio", "sysinfo", "images", "labels", "plugins"}),
+    ("foundation", {"engine", "config", "errors", "registry", "fileio", "sysinfo", "images", "labels", "reports"}),
     ("stored parts and links", {"checkpoints", "fetch", "share", "export"}),
     ("model parts", {"backbones", "compose", "expand", "index"}),
     ("search", {"search", "defaults"}),

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from ..config import ROOT, Settings
 from ..fileio import atomic_write_text
-from ..plugins import merge_sections
+from ..reports import merge_sections
 from ..sysinfo import machine
 from .base import HEAVY, SECTIONS
 
