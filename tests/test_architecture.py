@@ -156,7 +156,6 @@ SIZE_ALLOWED = {
     "engine/train/rtic.py": "the lead's trainer (#25); to be split like engine/train/lattqe/",
     "engine/train/rtic.py:fit": "the lead's trainer (#25)",
     "engine/train/rtic.py:main": "the lead's trainer (#25)",
-    "engine/train/gcn_graph.py:build_graph": "one pass over the caption set; split pending",
 }
 
 
