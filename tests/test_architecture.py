@@ -176,3 +176,27 @@ def test_no_module_or_function_over_the_limit():
     assert not new, f"over {MAX_MODULE_LINES} lines per module / {MAX_FUNCTION_LINES} per function: {new}"
     fixed = sorted(set(SIZE_ALLOWED) - set(over))
     assert not fixed, f"now within the limits, remove from SIZE_ALLOWED: {fixed}"
+
+
+# -- no logic written twice ---------------------------------------------------------------------------------
+
+import duplicates  # noqa: E402
+
+
+def test_no_block_of_six_lines_is_written_twice():
+    groups = duplicates.find(ROOT)
+    assert not groups, "logic written twice (put it in one function): " + "; ".join(
+        ", ".join(f"{f}:{n}" for f, n in g) for g in groups)
+
+
+def test_duplicate_finder_sees_a_renamed_copy(tmp_path):
+    block = ("    total = 0\n    for item in values:\n        if item.weight > limit:\n"
+             "            total += item.weight * scale\n        else:\n            total -= offset(item)\n"
+             "    result = finish(total, values)\n    store.append(result)\n")
+    renamed = block.replace("total", "acc").replace("values", "rows").replace("limit", "cap")
+    (tmp_path / "engine").mkdir()
+    (tmp_path / "engine" / "a.py").write_text("def f(values, limit, scale, store):\n" + block)
+    (tmp_path / "engine" / "b.py").write_text("def g(rows, cap, scale, store):\n" + renamed)
+    (tmp_path / "engine" / "c.py").write_text("def h(x):\n    return x + 1\n")
+    groups = duplicates.find(tmp_path)
+    assert groups == [[("engine/a.py", 3), ("engine/b.py", 3)]]
