@@ -110,7 +110,7 @@ class BackgroundPrepare:
         try:
             if known:
                 prepare(self.spec, None, known, self.budget, device=engine.settings.device, quiet=True,
-                        status=status)
+                        status=status, settings=engine.settings)
         except Exception as exc:
             self.error = f"{exc.__class__.__name__}: {exc}"
             log.exception("background prepare failed")

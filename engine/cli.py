@@ -90,6 +90,9 @@ def cmd_info(args) -> int:
         out["backbones"] = BACKBONES.names()
         out["composers"] = COMPOSERS.names()
         out["expanders"] = EXPANDERS.names()
+        from .checkpoints import inventory
+
+        out["checkpoints"] = inventory(s.checkpoints)  # every learned part on the search path, any backbone
     print(json.dumps(out, indent=2, default=str))
     return 0
 

@@ -27,10 +27,6 @@ WORKING_SIDE = 1024  # decoded images are reduced so their short side is about t
 ImageSource = Union[str, os.PathLike, bytes, Image.Image]
 
 
-def sha256_bytes(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
 def sha256_file(path: Union[str, os.PathLike], chunk: int = 1 << 20) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
@@ -117,18 +113,6 @@ def gif_frame_count(fp, stop_after: int = 1 << 30) -> int:
         return max(frames, 1)
     finally:
         fp.seek(pos)
-
-
-def image_header(path: Union[str, os.PathLike]) -> tuple:
-    """(width, height) read from the file's header without decoding pixels; InputError when unreadable."""
-    name = Path(path).name
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-            with Image.open(path, formats=FORMATS) as img:
-                return img.size
-    except (UnidentifiedImageError, Image.DecompressionBombError, OSError, SyntaxError, ValueError):
-        raise InputError(f"{name} is not an image this app can read (jpg, png, webp, bmp, tiff, gif)") from None
 
 
 # -- the one bounded decoder ------------------------------------------------------------------------------

@@ -21,6 +21,7 @@ from torch.utils.data import DataLoader, Dataset
 from ..errors import InputError
 from ..images import DEFAULT_MAX_DECODE_BYTES, load_image, sha256_file
 from ..fileio import atomic_write_bytes
+from .shards import cache_folder, read_shards, write_shard  # noqa: F401  (engine.data.features uses them too)
 from .store import GalleryIndex
 from .walk import find_images, load_captions
 
@@ -66,34 +67,7 @@ def _collate(batch):
     }
 
 
-# -- stage: embedding cache shards ------------------------------------------------------------
-def cache_folder(out: Path, fingerprint: str) -> Path:
-    return Path(out) / "cache" / hashlib.sha256(fingerprint.encode()).hexdigest()[:16]
-
-
-def read_shards(folder: Path) -> Dict[str, Tuple[np.ndarray, list]]:
-    """{sha256: (embedding float16, [w, h])} from every intact shard; damaged shards are ignored."""
-    found: Dict[str, Tuple[np.ndarray, list]] = {}
-    for shard in sorted(Path(folder).glob("shard-*.npz")):
-        try:
-            with np.load(shard, allow_pickle=False) as z:
-                for h, e, s in zip(z["hashes"], z["embeddings"], z["sizes"]):
-                    found[str(h)] = (e, [int(s[0]), int(s[1])])
-        except Exception as exc:  # a shard cut short by a crash: re-embed its files
-            log.warning("ignoring damaged cache shard %s (%s)", shard.name, exc)
-    return found
-
-
-def write_shard(folder: Path, hashes: List[str], embeddings: np.ndarray, sizes: List[list]) -> None:
-    import io
-
-    folder.mkdir(parents=True, exist_ok=True)
-    buf = io.BytesIO()
-    np.savez(buf, hashes=np.array(hashes), embeddings=embeddings.astype(np.float16), sizes=np.array(sizes))
-    name = f"shard-{time.time_ns()}-{os.getpid()}.npz"
-    atomic_write_bytes(folder / name, buf.getvalue())
-
-
+# -- stage: embedding cache shards: engine/index/shards.py ----------------------------------------
 # -- the single-machine runner ------------------------------------------------------------------
 def build_index(
     source,
