@@ -44,8 +44,9 @@ from .errors import EngineError, InputError
 
 PARTS = ("context-i2w", "rtic", "lattqe", "ics")
 # training options of the shipped packaged checkpoints, so a prepared part is trained the same way
-CONTEXT_I2W_SMALL_RECIPE = ["--lr", "3e-4", "--warmup-steps", "30", "--gate-init", "0.3", "--local-zero-init", "--global-dropout", "0.5",
-                            "--cosine-weight", "1.0"]
+# the shipped packaged mapper's command (docs/context_i2w.md), seed included
+CONTEXT_I2W_SMALL_RECIPE = ["--seed", "1", "--lr", "3e-4", "--warmup-steps", "30", "--gate-init", "0.3",
+                            "--local-zero-init", "--global-dropout", "0.5", "--cosine-weight", "1.0"]
 RTIC_OFFLINE_RECIPE = ["--tone-edits", "--cos-weight", "0.3"]
 SHARE = {"context-i2w": 0.45, "rtic": 0.20, "lattqe": 0.20, "ics": 0.15}
 ICS_BITS = 64
