@@ -12,7 +12,7 @@ from typing import Optional
 
 import gradio as gr
 
-from engine.errors import EngineError, InputError
+from engine.errors import EngineError
 from engine.search import SearchEngine, search
 from engine.service import open_session, session_engine, session_index_types
 from engine.share import from_query_string, reference_file, resolve_reference, state_for, to_query_string
@@ -78,8 +78,6 @@ def run_search(engine: SearchEngine, image, text, method, alpha, k, lattqe_on, e
     engine = session_engine(engine)
     if engine is None:
         raise EngineError("index a zip of photos first")
-    if not image and not (text or "").strip():
-        raise InputError("Choose a reference image or type what you are looking for, then search.")
     resp = search(engine, image=image or None, text=text, method=method or None, alpha=float(alpha), k=int(k),
                   expand=expansion_name(bool(lattqe_on), expander), nqe=int(nqe or 0), explain=True,
                   exclude_reference=exclude_reference is not False)

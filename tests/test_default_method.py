@@ -44,18 +44,15 @@ def test_test_split_figures_never_choose():
     assert default_method({"context-i2w": _ci2w("test", ci2w=99.0)}, AVAILABLE) == ("sum", None)
 
 
-def test_bundled_checkpoints_and_the_page_line(gallery_engine):
-    from demo import handlers as h
-    from demo.formatting import default_method_line
+def test_the_page_offers_the_engines_default_method_and_says_how_it_was_chosen(gallery_engine):
+    """The page's default is engine.default_method (chosen on held-out-domain validation by engine.defaults, the
+    same for the CLI and the JSON API), never a method picked by the page itself; its line says how."""
+    from demo.formatting import default_method_note
+    from engine.labels import method_label as method_label_of
 
-    # the bundled RTIC sidecar holds its trainer's validation comparison (docs/rtic.md, --eval-split val):
-    # RTIC measured above the weighted sum there, so it is offered first, with those figures as evidence
-    method, ev = h.default_method(gallery_engine)
-    assert method == "rtic" and ev["split"] == "val" and ev["source"].startswith("rtic-packaged")
-    assert ev["scores"]["rtic"] > ev["scores"]["sum"] and {"image", "text", "sum", "rtic"} <= set(ev["scores"])
-    # without validation figures the weighted sum is the default, and the line says so
-    assert "No validation figures" in default_method_line(*default_method({}, AVAILABLE))
-    line = html.unescape(default_method_line(*default_method({"rtic": _rtic("val")}, AVAILABLE)))  # as rendered
-    assert line.startswith("Default method: **RTIC**") and "R@10 50.0 vs 40.0" in line
-    assert "\n" not in line and len(line) < 160
-    json.dumps(ev)  # evidence is plain data
+    method = gallery_engine.default_method
+    assert method in gallery_engine.composers
+    line = html.unescape(default_method_note(gallery_engine))  # as rendered
+    assert line.startswith(f"Default method: **{method_label_of(method)}**")
+    assert gallery_engine.defaults.why() in line and "\n" not in line and len(line) < 200
+    json.dumps(gallery_engine.info()["default_method"])  # plain data for `engine info`
