@@ -221,22 +221,32 @@ def expansion_done(raw) -> str:
 
 
 # -- examples and the gallery picker ----------------------------------------------------------------
-EXAMPLE_TEXTS = {"animals": "as a dog", "buildings": "at night", "vehicles": "the same but red", "food": "in the snow",
-                 "music": "made of wood", "plants": "with flowers"}
+# The bundled gallery's examples: (photo, text, labels that make a result right). Each has right answers in
+# the gallery; tests/test_examples.py checks that the page's default method finds at least 2 in its top 5.
+EXAMPLES = [
+    ("plants/tree.jpg", "with flowers", {"flower"}),
+    ("animals/horse.jpg", "a fish instead", {"fish"}),
+    ("music/guitar.jpg", "a cello instead", {"cello", "string instrument"}),
+    ("plants/cep.jpg", "a fruit instead", {"fruit"}),
+]
 GENERIC_TEXTS = ["the same but red", "at night", "a bigger one", "in the snow"]
 
 
 def example_queries(engine: SearchEngine, n: int = 4):
-    """[(gallery id, text)]: the first image of the first ``n`` gallery folders with a text that suits
-    the folder, for the "Try one" row."""
+    """[(gallery id, text)] for the "Try one" row: the bundled gallery's :data:`EXAMPLES` when its photos are
+    in the index, else (another gallery) the first image of the first ``n`` folders with a generic text."""
+    by_path = {it["path"]: int(it["id"]) for it in engine.index.items}
+    picks = [(by_path[path], text) for path, text, _ in EXAMPLES
+             if path in by_path and engine.index.image_path(by_path[path]).exists()]
+    if len(picks) == len(EXAMPLES):
+        return picks[:n]
     picks, seen = [], set()
-    folders = [f for f in EXAMPLE_TEXTS if any(it["path"].startswith(f + "/") for it in engine.index.items)]
     for it in engine.index.items:
         top = it["path"].split("/")[0] if "/" in it["path"] else ""
-        if top in seen or (folders and top not in folders) or not engine.index.image_path(it["id"]).exists():
+        if top in seen or not engine.index.image_path(it["id"]).exists():
             continue
         seen.add(top)
-        picks.append((int(it["id"]), EXAMPLE_TEXTS.get(top, GENERIC_TEXTS[len(picks) % len(GENERIC_TEXTS)])))
+        picks.append((int(it["id"]), GENERIC_TEXTS[len(picks) % len(GENERIC_TEXTS)]))
         if len(picks) >= n:
             break
     return picks
