@@ -190,6 +190,13 @@ def backbone_markdown(engine: SearchEngine) -> str:
     if b.get("fingerprint"):
         lines.append(f"**Backbone fingerprint:** {code(b['fingerprint'])} (checkpoints must carry the same one)")
     lines.append(f"**Gallery:** {index_markdown(engine)}")
+    if hasattr(engine, "defaults"):
+        method = engine.default_method
+        lines.append(f"**Default method:** {esc(LABELS.get(method, method))}, {esc(engine.defaults.why())}. It is "
+                     "chosen on the validation side of the held-out-domain suite (photos, words and phrasings no "
+                     "trainer saw: `python -m engine eval generalise --side val --choose`) and is the same for the "
+                     "page, the command line and the JSON API; without a record for this backbone it is the "
+                     "weighted sum.")
     methods = getattr(engine, "methods", None)
     if callable(methods):
         lines.append("**Methods:** " + "; ".join(
