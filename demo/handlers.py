@@ -367,7 +367,18 @@ def after_query(engine: SearchEngine, view, image, text, method, alpha, k, lattq
     st = state_for(engine, image or None, text, method, alpha, k, expansion_name(bool(lattqe_on), expander), nqe,
                    view=view)
     hist, ds = _remember(engine, history, st)
-    return to_query_string(st), hist, ds, json.loads(raw) if raw else None
+    return to_query_string(st), hist, ds, with_query(json.loads(raw) if raw else None, image, text)
+
+
+def with_query(data, image, text):
+    """The export data with what was asked (``asked``: the contact sheet shows the reference and the text);
+    ``image_file`` is the server-side file, used for the sheet only and left out of the JSON download."""
+    if not isinstance(data, dict):
+        return data
+    image = image if isinstance(image, (str, Path)) and image else None
+    data["asked"] = {"text": (text or "").strip(), "reference": PurePath(str(image)).name if image else None,
+                     "image_file": str(image) if image else None}
+    return data
 
 
 def run_state(engine: SearchEngine, st, history):
@@ -390,6 +401,7 @@ def run_state(engine: SearchEngine, st, history):
                                           explanation_markdown(resp),
                                           json.dumps(data, indent=2), [r.id for r in resp.results], "")
     hist, ds = _remember(engine, history, st)
+    data = with_query(data, shown, st.text)
     return (shown, st.text, st.method, st.alpha, st.k, lattqe_on, expander, st.nqe, gallery, expl, raw, ids, html_,
             to_query_string(st), hist, ds, data)
 
@@ -443,6 +455,8 @@ def export_json_file(engine: SearchEngine, data):
         raise EngineError("nothing to export yet: run a search first")
     folder = _export_folder()
     stem = "compare" if "columns" in data else "results"
+    if isinstance(data.get("asked"), dict):  # the server's file path stays on the server
+        data = {**data, "asked": {k: v for k, v in data["asked"].items() if k != "image_file"}}
     return str(export_json(data, folder / f"{stem}.json"))
 
 
