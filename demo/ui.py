@@ -19,6 +19,18 @@ TITLE = "Composed image search"
 INTRO = ("Give a reference image and say what to change — *same dress but red*, *the building at night* — "
          "and the engine finds matching images in the gallery. Click a result to use it as the new reference.")
 CSS = (Path(__file__).with_name("style.css")).read_text(encoding="utf-8")  # the page's styles, in their own file
+# Passed to launch(head=...) with CSS. Gradio's client closes its event stream through a stand-in object whose
+# close() only logs "Method not implemented." (a warning after every finished search, nothing wrong); that one
+# message is dropped so the browser console shows only warnings that mean something.
+HEAD = """<script>
+(() => {
+  const warn = console.warn.bind(console);
+  console.warn = (...args) => {
+    if (args.length === 1 && args[0] === 'Method not implemented.') { return; }
+    warn(...args);
+  };
+})();
+</script>"""
 
 # After a query: put its state in the page URL (keeping Gradio's own "__" parameters such as __theme) and in
 # the visible share link. Inputs: (query string, current link); output: the link.
