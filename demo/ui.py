@@ -75,7 +75,7 @@ def _search_controls(engine: SearchEngine, prefix: str, with_compare: bool = Fal
     with gr.Row(elem_id=f"{prefix}controls"):
         with gr.Column(scale=1, min_width=240):
             c.image = gr.Image(type="filepath", image_mode=None, label="Reference image",
-                               sources=["upload", "clipboard"], height=220, elem_id=f"{prefix}reference")
+                               sources=["upload", "clipboard"], height=260, elem_id=f"{prefix}reference")
             if with_picker:
                 c.picker = _gallery_picker(engine)
         with gr.Column(scale=2, min_width=280):
