@@ -418,7 +418,10 @@ def restore_from_url(engine: SearchEngine, history, request: gr.Request):
             return tuple(gr.update() for _ in range(N_RESTORE_OUTPUTS))
         return run_state(engine, st, history)
     except Exception as exc:
-        gr.Warning(f"Could not open this link: {html.escape(plain_message(exc), quote=False)}")
+        msg = plain_message(exc)
+        if isinstance(exc, EngineError):
+            log.warning("user mistake: could not open a link: %s", msg)
+        gr.Warning(f"Could not open this link: {html.escape(msg, quote=False)}")
         return tuple(gr.update() for _ in range(N_RESTORE_OUTPUTS))
 
 
