@@ -42,7 +42,7 @@ from .errors import EngineError, InputError
 
 PARTS = ("context-i2w", "rtic", "lattqe", "ics")
 # training options of the shipped packaged checkpoints, so a prepared part is trained the same way
-CONTEXT_I2W_SMALL_RECIPE = ["--gate-init", "0.3", "--local-zero-init", "--global-dropout", "0.5",
+CONTEXT_I2W_SMALL_RECIPE = ["--lr", "3e-4", "--warmup-steps", "30", "--gate-init", "0.3", "--local-zero-init", "--global-dropout", "0.5",
                             "--cosine-weight", "1.0"]
 RTIC_OFFLINE_RECIPE = ["--tone-edits", "--cos-weight", "0.3"]
 SHARE = {"context-i2w": 0.45, "rtic": 0.20, "lattqe": 0.20, "ics": 0.15}
@@ -139,7 +139,7 @@ def _argv(part: str, spec: str, device: str, out: Path, run_dir: Path, units: in
     common = ["--backbone", spec, "--device", device]
     if part == "context-i2w":
         pairs, epochs = units
-        a = [*common, "--data", data.get("captions", "captions"), "--out", str(out),
+        a = [*common, "--data", data.get("captions", "captions+recoloured"), "--out", str(out),
              "--name", target_path(part, _BB[spec], out).name, "--run-dir", str(run_dir),
              "--epochs", str(epochs), "--max-pairs", str(pairs), "--eval-cir", ""]
         if probe:
@@ -169,6 +169,8 @@ def _argv(part: str, spec: str, device: str, out: Path, run_dir: Path, units: in
     else:
         (epochs,) = units
         a = [*common, "--data", "multilabel", "--bits", str(ICS_BITS), "--epochs", str(epochs), "--out", str(out)]
+    if probe and part in ("rtic", "context-i2w"):
+        a.append("--no-anchor")  # a probe only measures speed; the real run fits the prior anchor
     if quiet and part in ("lattqe", "ics", "rtic", "context-i2w"):
         a.append("--quiet")
     return a
@@ -286,7 +288,32 @@ def prepare(backbone: str = "auto", out: Optional[os.PathLike] = None, parts: Se
             status.state[part], status.error[part] = "failed", row.error
         row.seconds = round(time.perf_counter() - t0, 1)
         rows.append(row)
+    if any(r.part in ("rtic", "context-i2w") and r.source != "failed" for r in rows):
+        rows.append(_prepare_defaults(bb, out, search, force))
     return rows
+
+
+def _prepare_defaults(bb, out: Path, search: str, force: bool) -> Row:
+    """The default method and nQE per expander for this backbone, chosen on the validation side of the
+    held-out-domain suite exactly as for the shipped backbone (``engine.eval.generalise.choose_defaults``)."""
+    from .defaults import engine_defaults
+
+    t0 = time.perf_counter()
+    from .config import Settings
+
+    settings = Settings(checkpoints=search)
+    found = engine_defaults(bb, settings)
+    if found.source and not force:
+        return Row("defaults", "existing", found.source, f"method {found.method}")
+    try:
+        from .eval.generalise import choose_defaults
+
+        _, chosen, path = choose_defaults(bb, settings, out)
+        row = Row("defaults", "chosen", str(path), f"method {chosen['method']} (suite val)")
+    except Exception as exc:  # the parts are usable without it: the weighted sum stays the default
+        row = Row("defaults", "failed", error=f"{exc.__class__.__name__}: {exc}"[:300])
+    row.seconds = round(time.perf_counter() - t0, 1)
+    return row
 
 
 def _parse_data(specs: Sequence[str]) -> Dict[str, str]:

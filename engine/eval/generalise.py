@@ -301,6 +301,18 @@ def choose(backbone, settings: Settings, ev: dict) -> dict:
             "nqe": nqe, "nqe_fraction": NQE_FRACTION, "nqe_grid_worst_r10_change": grid}
 
 
+def choose_defaults(backbone, settings: Settings, out: Optional[Path] = None) -> tuple:
+    """Evaluates the validation side, chooses (:func:`choose`) and writes the defaults record for ``backbone``
+    into ``out`` (default: assets/checkpoints). Returns (evaluation, choice, record path). Used by
+    ``--choose`` and by ``engine prepare`` after it trained a composer for a new backbone."""
+    from ..defaults import write_defaults
+
+    ev = evaluate(backbone, settings, "val", expanders=False)
+    chosen = choose(backbone, settings, ev)
+    path = write_defaults(backbone, chosen, out, command="python -m engine eval generalise --side val --choose")
+    return ev, chosen, path
+
+
 def _takes_text_alone(ev: dict, name: str) -> bool:
     return name in ("text", "sum") or name in _TEXT_CAPABLE
 
@@ -376,16 +388,14 @@ def main(argv=None) -> int:
         p.error("--choose reads the validation side only (--side val)")
     backbone = create_backbone(args.backbone or settings.backbone, args.device, settings=settings)
     t0 = time.time()
-    ev = evaluate(backbone, settings, args.side, expanders=not args.no_expanders and not args.choose)
-    print(markdown(ev, backbone))
     if args.choose:
-        from ..defaults import write_defaults
-
-        chosen = choose(backbone, settings, ev)
-        path = write_defaults(backbone, chosen, Path(args.out) if args.out else None,
-                              command="python -m engine eval generalise --side val --choose")
+        ev, chosen, path = choose_defaults(backbone, settings, Path(args.out) if args.out else None)
+        print(markdown(ev, backbone))
         print(json.dumps(chosen, indent=1))
         print(f"wrote {path}")
+    else:
+        ev = evaluate(backbone, settings, args.side, expanders=not args.no_expanders)
+        print(markdown(ev, backbone))
     if args.json:
         Path(args.json).write_text(json.dumps({"side": args.side, "suite": ev["suite"],
                                                "results": _jsonable(ev["results"])}, indent=1, default=str))

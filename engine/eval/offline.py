@@ -100,8 +100,11 @@ def compose_queries(backbone, composers: dict, queries, ref_emb: torch.Tensor,
 
 
 def rank_queries(qvecs: np.ndarray, queries, gallery, gemb, pos, expanders: Optional[dict] = None,
-                 nqe: int = 8, restrict: Optional[np.ndarray] = None) -> Dict[str, np.ndarray]:
+                 nqe=8, restrict: Optional[np.ndarray] = None) -> Dict[str, np.ndarray]:
     """{expander name: best target rank per query (1-based)}; 'none' is the plain ranking.
+
+    ``nqe``: the neighbours each expander averages, an int or ``nqe(expander name, candidates) -> int`` (the
+    page defaults: ``EngineDefaults.gallery_nqe``).
 
     ``restrict`` (Q, R) gallery ids: only these candidates can be returned (a compact index's
     Hamming short-list); the others rank last."""
@@ -118,7 +121,8 @@ def rank_queries(qvecs: np.ndarray, queries, gallery, gemb, pos, expanders: Opti
         for name in ranks:
             s = first
             if name != "none":
-                order = np.argsort(-first, kind="stable")[:nqe]
+                k = nqe(name, len(cand)) if callable(nqe) else nqe
+                order = np.argsort(-first, kind="stable")[:k]
                 ex = expanders[name].expand(qvecs[qi], vecs[order], first[order])
                 s = vecs @ ex.vector
             r = first_hit_ranks(s[None], np.isin(cand, list(targets))[None])[0]
@@ -131,10 +135,18 @@ def recall(ranks: np.ndarray, ks=KS) -> Dict[str, float]:
     return recall_from_ranks(np.asarray(ranks) - 1, ks)
 
 
-def evaluate_cir(backbone, settings: Settings, split: str = "test", nqe: int = 8, ics_type: str = "ics-64",
+def evaluate_cir(backbone, settings: Settings, split: str = "test", nqe: int = 0, ics_type: str = "ics-64",
                  ics_rerank: int = 64):
-    """Recall@K of every available composer, with and without each expander."""
+    """Recall@K of every available composer, with and without each expander (``nqe`` 0: each expander at
+    the page defaults for its gallery, engine.defaults)."""
+    from ..defaults import engine_defaults
     from ..expand import EXPANDERS, ExpanderUnavailable
+
+    nqe_note = f"nQE = {nqe} for every expander"
+    if not nqe:
+        d = engine_defaults(backbone, settings)
+        chosen = ", ".join(f"{k} {v}" for k, v in sorted(d.nqe.items())) or f"{d.nqe_for('any')} for every expander"
+        nqe, nqe_note = d.gallery_nqe, f"nQE at the page defaults ({chosen}; at most {d.nqe_fraction:.0%} of the gallery)"
 
     queries, gallery, gemb, pos = cir_tensors(backbone, split)
     ref_emb = torch.from_numpy(gemb[[pos[q["reference"]] for q in queries]])
@@ -172,7 +184,7 @@ def evaluate_cir(backbone, settings: Settings, split: str = "test", nqe: int = 8
             results[(name, ex)] = {"all": recall(r), **{k: recall(r[kind_of == k]) for k in kinds},
                                    "ranks": r}
     return {"results": results, "skipped": skipped, "kinds": kinds, "n_queries": len(queries),
-            "n_gallery": len(gallery), "compose_ms": timings, "queries": queries, "gemb": gemb}
+            "n_gallery": len(gallery), "compose_ms": timings, "queries": queries, "gemb": gemb, "nqe_note": nqe_note}
 
 
 def _variants(backbone, settings):
@@ -215,7 +227,8 @@ def cir_markdown(ev, backbone, img_rel: str) -> str:
     res = ev["results"]
     lines = [f"Backbone `{backbone.fingerprint}`; {ev['n_queries']} test queries, {ev['n_gallery']} gallery "
              "images (twemoji and photos galleries ranked separately, reference excluded). Rows `@ ics-K` use "
-             "the compact ICS index: Hamming short-list of R candidates, then exact re-rank.", "",
+             "the compact ICS index: Hamming short-list of R candidates, then exact re-rank. Expanders: "
+             f"{ev.get('nqe_note', '')}.", "",
              "| composer | expansion | " + " | ".join(f"R@{k}" for k in KS) + " |",
              "|---|---|" + "---|" * len(KS)]
     best = max(r["all"]["R@10"] for r in res.values())
@@ -252,7 +265,8 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m engine eval offline")
     p.add_argument("--backbone", default="packaged")
     p.add_argument("--device", default="auto")
-    p.add_argument("--nqe", type=int, default=8, help="neighbours used by the expanders in the CIR table")
+    p.add_argument("--nqe", type=int, default=0, help="neighbours used by the expanders in the CIR table (0: the "
+                   "page defaults, chosen on validation and capped by the gallery size)")
     p.add_argument("--only", default="", help="re-measure only these sections (the others in --out are kept): "
                    "cir," + ",".join(EXTRA_SECTIONS))
     p.add_argument("--out", default=str(ROOT / "docs" / "RESULTS.md"))
