@@ -125,4 +125,24 @@ def write_prebuilt(index, backbone, command: str, folder: Optional[Path] = None)
     record = {"kind": "prebuilt-gallery", "fingerprint": backbone.fingerprint, "backbone": backbone.name,
               "count": len(index), "dim": int(index.dim), "gallery": "assets/gallery", "command": command}
     atomic_write_text(rec, json.dumps(record, indent=2) + "\n")
+    write_text_tables(backbone, npz.parent / "packaged")
     return npz
+
+
+def write_text_tables(backbone, folder: Path) -> list:
+    """Copies the packaged backbone's text tables (ImageNet class prompts, concept prompts, as the backbone cached
+    them) to ``folder``, where the backbone finds them on a first start with an empty cache."""
+    from .config import cache_dir
+
+    names = list(getattr(backbone, "text_tables", []))
+    folder.mkdir(parents=True, exist_ok=True)
+    for old in folder.glob("text-*.npy"):
+        if old.name not in names:
+            old.unlink()
+    for name in names:
+        src = cache_dir() / "packaged" / name
+        if src.is_file():
+            tmp = folder / f".{name}.tmp"
+            shutil.copyfile(src, tmp)
+            tmp.replace(folder / name)
+    return names

@@ -71,3 +71,17 @@ def test_first_build_uses_the_prebuilt_index_and_another_backbone_does_not(tmp_p
     assert not seed_index(GALLERY, tmp_path / "other", tiny)  # another backbone: embedded as before
     assert not cache_folder(tmp_path / "other", tiny.fingerprint).exists()
     assert not seed_index(tmp_path, tmp_path / "third", packaged)  # another gallery: nothing seeded
+
+
+def test_shipped_text_tables_are_what_the_packaged_backbone_computes(packaged):
+    """The ImageNet class-prompt and concept tables shipped in assets/prebuilt/packaged (so a first start encodes
+    no prompts) are the backbone's own: a few rows encoded again here match, and every table it uses is shipped."""
+    from engine.backbones.packaged import CLASS_PROMPT, PREBUILT_TEXT
+
+    assert packaged.text_tables and all((PREBUILT_TEXT / n).is_file() for n in packaged.text_tables)
+    shipped = sorted(p.name for p in PREBUILT_TEXT.glob("text-*.npy"))
+    assert shipped == sorted(packaged.text_tables)
+    rows = [0, 281, 999]
+    fresh = packaged.encode_texts([CLASS_PROMPT.format(packaged.class_names[i]) for i in rows]).embeddings
+    table = np.load(PREBUILT_TEXT / packaged.text_tables[0])
+    assert np.allclose(fresh.float().numpy(), table[rows], atol=1e-4)
