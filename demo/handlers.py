@@ -216,8 +216,9 @@ def expansion_done(raw) -> str:
     try:
         data = json.loads(raw) if raw else None
     except ValueError:
-        return ""
-    return expansion_note(data if isinstance(data, dict) and "results" in data else None)
+        data = None
+    note = expansion_note(data if isinstance(data, dict) and "results" in data else None)
+    return gr.update(value=note, visible=bool(note))  # no empty box under LAttQE when nothing was expanded
 
 
 # -- examples and the gallery picker ----------------------------------------------------------------

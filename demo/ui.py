@@ -99,7 +99,7 @@ def _search_controls(engine: SearchEngine, prefix: str, with_compare: bool = Fal
             c.lattqe = gr.Checkbox(value=False, label="LAttQE expansion", interactive=lattqe_reason is None,
                                    info=h.lattqe_info(engine), elem_id=f"{prefix}lattqe")
             # what LAttQE (or another expansion) did for the last query: expanded with which neighbours, or kept it
-            c.lattqe_did = gr.Markdown("", elem_id=f"{prefix}lattqe-did", elem_classes=["cis-note"])
+            c.lattqe_did = gr.Markdown("", visible=False, elem_id=f"{prefix}lattqe-did", elem_classes=["cis-note"])
             c.keep_out = gr.Checkbox(value=True, label="Leave the reference out of its results",
                                      info="a gallery photo used as the reference is not shown as its own match",
                                      elem_id=f"{prefix}exclude-reference")
@@ -235,7 +235,8 @@ def build_demo(settings: Optional[Settings] = None, engine: Optional[SearchEngin
                                      api_name="compare", concurrency_limit=2)
                  .success(after_compare, inputs + [raw, history], post, api_name=False)
                  .success(h.compare_cleared, [raw], [gallery, ids, explanation], api_name=False)
-                 .success(lambda: "", None, [c.lattqe_did], api_name=False, show_progress="hidden")
+                 .success(lambda: gr.update(value="", visible=False), None, [c.lattqe_did], api_name=False,
+                          show_progress="hidden")
                  .success(None, [qs, share_link], share_link, js=SET_URL_JS, api_name=False))
                 gallery.select(h.reference_picker(engine), [ids], image, api_name=False)
                 c.picker.grid.select(h.reference_picker(engine), [c.picker.ids], image, api_name=False)

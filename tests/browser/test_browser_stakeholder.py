@@ -49,7 +49,7 @@ def test_lattqe_shows_rank_changes_only_for_results_that_moved(served_demo, open
     ui.run_search(page)
     captions = _captions(page)
     text = ui.explanation(page, "")
-    page.wait_for_function("() => document.querySelector('#lattqe-did').innerText.includes('For this query')")
+    page.wait_for_function("() => (document.querySelector('#lattqe-did') || {innerText: ''}).innerText.includes('For this query')")
     did = page.locator("#lattqe-did").inner_text()
     shot(page, "lattqe-on")
     for rank, cap in enumerate(captions, 1):
