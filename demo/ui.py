@@ -221,7 +221,7 @@ def build_demo(settings: Optional[Settings] = None, engine: Optional[SearchEngin
                 def then_search(event):
                     """The rest of a search once its inputs are set: results, history, share link."""
                     return (event.success(after_search, inputs + [raw, history], post, api_name=False)
-                        .success(h.expansion_done, [raw], [c.lattqe_did], api_name=False, show_progress="hidden")
+                            .success(h.expansion_done, [raw], [c.lattqe_did], api_name=False, show_progress="hidden")
                             .success(h.search_shown, None, [compare_out, gallery], api_name=False)
                             .success(None, [qs, share_link], share_link, js=SET_URL_JS, api_name=False))
 
