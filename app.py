@@ -4,7 +4,7 @@ import os
 # Gradio's usage analytics rebuild a summary after every event, so a long-running server slows down; off.
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
-from demo.api import api_routes  # noqa: E402
+from demo.api import api_middleware, api_routes  # noqa: E402
 from demo.ui import CSS, HEAD, allowed_paths, build_demo  # noqa: E402
 from engine.config import Settings  # noqa: E402
 from engine.service import load_default_engine  # noqa: E402
@@ -22,5 +22,6 @@ if __name__ == "__main__":
         css=CSS,
         head=HEAD,  # demo/ui.py: drops Gradio's one meaningless console warning
         show_error=False,  # unexpected errors show a plain sentence (demo/handlers.py user_errors)
-        app_kwargs={"routes": api_routes(engine, settings)},  # POST /api/search beside the page (demo/api.py)
+        app_kwargs={"routes": api_routes(engine, settings),  # POST /api/search beside the page (demo/api.py)
+                    "middleware": api_middleware(settings)},  # idle request bodies closed (408)
     )

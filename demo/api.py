@@ -12,8 +12,10 @@ Request body (JSON object; only ``text`` or ``image`` is required)::
      "method": null, "alpha": 0.5, "k": 12, "expand": "none", "nqe": null, "negative_text": null,
      "keep_reference": false, "explain": true}
 
-Errors are one plain sentence: ``{"error": "..."}`` with HTTP 400 (bad input), 413 (a body over the image
-limit, refused before it is read in full), 503 (busy) or 500.
+Errors are one plain sentence: ``{"error": "..."}`` with HTTP 400 (bad input: wrong types, ``Infinity``,
+deep nesting, lone surrogates, an image that is not one), 413 (a body over the image limit, refused from its
+Content-Length before it is read), 503 (busy: too many requests waiting, or too many bodies being read at
+once, or too many bytes of them, decided before the body is read), 408 (a body that stalls) or 500.
 """
 from __future__ import annotations
 
@@ -21,6 +23,8 @@ import asyncio
 import base64
 import binascii
 import json
+import logging
+import math
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import List, Optional
@@ -33,10 +37,63 @@ from .handlers import plain_message
 
 FIELDS = {"image", "text", "method", "alpha", "k", "expand", "nqe", "negative_text", "keep_reference", "explain"}
 BUSY = "the server is busy; try again in a moment"
+MAX_BODIES_READ = 16  # request bodies read at once; more wait for none: 503 before their bodies are read
+BODY_BYTES_FACTOR = 2  # ... and at most this many bodies at the size limit in all (declared Content-Length)
+TRIM_AFTER_BYTES = 1_000_000  # after a body this large, freed memory is handed back (release_memory)
+IDLE_BODY_S = 15.0  # default of CIS_BODY_IDLE_S: a request body that sends nothing for this long is answered 408 and closed
+log = logging.getLogger(__name__)
+
+
+class _BadNumber(ValueError):
+    pass
+
+
+def _no_constant(name: str):
+    raise _BadNumber(name)
+
+
+def parse_body(body: bytes):
+    """The request's JSON; InputError (one sentence) for what JSON does not allow or this route refuses:
+    bytes that are not UTF-8 JSON, ``Infinity``/``NaN``, nesting too deep to parse."""
+    try:
+        return json.loads(body, parse_constant=_no_constant)
+    except _BadNumber as exc:
+        raise InputError(f"the request body holds {exc}, which JSON does not allow; send a finite number") from None
+    except RecursionError:
+        raise InputError("the request body is nested too deeply; send one flat JSON object") from None
+    except ValueError:  # JSONDecodeError, UnicodeDecodeError
+        raise InputError("the request body is not valid JSON") from None
+
+
+def _string(payload: dict, name: str, required: bool = False) -> Optional[str]:
+    value = payload.get(name)
+    if value is None:
+        if required:
+            raise InputError(f"{name} must be a string")
+        return None
+    if not isinstance(value, str):
+        raise InputError(f"{name} must be a string or null, not {type(value).__name__}")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InputError(f"{name} holds a lone surrogate (an invalid \\ud800-\\udfff escape); send valid "
+                         "Unicode text") from None
+    return value
+
+
+def _number(payload: dict, name: str, default, integer: bool = False, nullable: bool = False):
+    value = payload.get(name, default)
+    if value is None and nullable:
+        return None
+    ok = isinstance(value, int) if integer else isinstance(value, (int, float))
+    if isinstance(value, bool) or not ok or (not integer and not math.isfinite(value)):
+        raise InputError(f"{name} must be {'an integer' if integer else 'a finite number'}")
+    return value
 
 
 def search_kwargs(payload, settings: Settings) -> dict:
-    """The keyword arguments of :func:`search` for a request body (already decoded from JSON)."""
+    """The keyword arguments of :func:`search` for a request body (already decoded from JSON); every
+    field's type is checked here, so a client's mistake is a 400 with one sentence."""
     if not isinstance(payload, dict):
         raise InputError("the request body must be a JSON object")
     unknown = sorted(set(payload) - FIELDS)
@@ -63,10 +120,92 @@ def search_kwargs(payload, settings: Settings) -> dict:
     for name in ("keep_reference", "explain"):
         if name in payload and not isinstance(payload[name], bool):
             raise InputError(f"{name} must be true or false")
-    return {"image": image, "text": payload.get("text"), "method": payload.get("method"),
-            "alpha": payload.get("alpha", 0.5), "k": payload.get("k", 12), "expand": payload.get("expand", "none"),
-            "nqe": payload.get("nqe", DEFAULT_NQE), "negative_text": payload.get("negative_text"),
+    return {"image": image, "text": _string(payload, "text"), "method": _string(payload, "method"),
+            "alpha": _number(payload, "alpha", 0.5), "k": _number(payload, "k", 12, integer=True),
+            "expand": _string(payload, "expand") or "none",
+            "nqe": _number(payload, "nqe", DEFAULT_NQE, integer=True, nullable=True),
+            "negative_text": _string(payload, "negative_text"),
             "explain": payload.get("explain", True), "exclude_reference": not payload.get("keep_reference", False)}
+
+
+def release_memory() -> None:
+    """Hand freed heap pages back to the system after a large request (glibc keeps them per thread arena
+    otherwise, so a burst of large bodies would stay in the server's RSS after it ended)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc
+        pass
+
+
+class Admission:
+    """Bodies admitted for reading: at most ``max_bodies`` at once and ``max_bytes`` declared in all
+    (a body without Content-Length counts as ``body_limit``). Decided from the headers, before a byte of
+    the body is read, so refused requests cost nothing."""
+
+    def __init__(self, max_bodies: int, max_bytes: int, body_limit: int):
+        self.max_bodies, self.max_bytes, self.body_limit = max_bodies, max_bytes, body_limit
+        self.bodies = self.bytes = 0
+        self.lock = threading.Lock()
+
+    def enter(self, declared: int) -> bool:
+        with self.lock:
+            if self.bodies >= self.max_bodies or (self.bodies and self.bytes + declared > self.max_bytes):
+                return False
+            self.bodies += 1
+            self.bytes += declared
+            return True
+
+    def leave(self, declared: int) -> None:
+        with self.lock:
+            self.bodies -= 1
+            self.bytes -= declared
+
+
+class BodyTimeout(Exception):
+    pass
+
+
+class IdleBodyTimeout:
+    """ASGI middleware: a request whose body stalls for ``idle_s`` seconds between two pieces gets HTTP 408
+    and its connection closed (a slow client would otherwise hold a descriptor and a task for ever)."""
+
+    def __init__(self, app, idle_s: float = 15.0):
+        self.app, self.idle_s = app, idle_s
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        state = {"done": False, "started": False}
+
+        async def timed_receive():
+            if state["done"]:  # the body is in: later receives wait for a disconnect, without a limit
+                return await receive()
+            try:
+                message = await asyncio.wait_for(receive(), self.idle_s)
+            except asyncio.TimeoutError:
+                raise BodyTimeout() from None
+            if message["type"] != "http.request" or not message.get("more_body", False):
+                state["done"] = True
+            return message
+
+        async def watched_send(message):
+            if message["type"] == "http.response.start":
+                state["started"] = True
+            await send(message)
+
+        try:
+            await self.app(scope, timed_receive, watched_send)
+        except BodyTimeout:
+            log.warning("%s %s: request body idle for %.0f s; closed (408)", scope.get("method"), scope.get("path"),
+                     self.idle_s)
+            if not state["started"]:
+                body = json.dumps({"error": f"the request body stalled for {self.idle_s:g} s; send it again"}).encode()
+                await send({"type": "http.response.start", "status": 408,
+                            "headers": [(b"content-type", b"application/json"), (b"connection", b"close"),
+                                        (b"content-length", str(len(body)).encode())]})
+                await send({"type": "http.response.body", "body": body})
 
 
 def search_route(engine: SearchEngine, settings: Optional[Settings] = None, workers: Optional[int] = None):
@@ -81,54 +220,82 @@ def search_route(engine: SearchEngine, settings: Optional[Settings] = None, work
     waiting_max = workers + max(1, settings.queue_max)
     state = {"in": 0}
     lock = threading.Lock()
-
-    def error(status: int, message: str) -> JSONResponse:
-        return JSONResponse({"error": message}, status_code=status)
-
-    def run(body: bytes) -> bytes:
-        try:
-            payload = json.loads(body)
-        except ValueError:
-            raise InputError("the request body is not valid JSON") from None
-        resp = search(engine, **search_kwargs(payload, settings))
-        return json.dumps(resp.to_json()).encode()
-
     max_body = int(settings.max_upload_mb * 1e6) * 4 // 3 + 64_000  # a base64 image at the limit + the fields
+    admission = Admission(MAX_BODIES_READ, BODY_BYTES_FACTOR * max_body, max_body)
 
-    async def read_body(request: Request) -> Optional[bytes]:
-        """The body, or None once it passes ``max_body`` (read no further: a huge body never sits in memory)."""
-        declared = request.headers.get("content-length", "")
-        if declared.isdigit() and int(declared) > max_body:
-            return None
-        chunks, size = [], 0
+    def error(status: int, message: str, close: bool = False) -> JSONResponse:
+        if status < 500 or status == 503:
+            log.warning("POST /api/search refused (%d): %s", status, message)  # one line, no traceback
+        return JSONResponse({"error": message}, status_code=status,
+                            headers={"connection": "close"} if close else None)
+
+    def run(holder: list) -> bytes:
+        big = len(holder[0]) > TRIM_AFTER_BYTES
+        try:
+            payload = parse_body(holder.pop())  # the only reference: the body goes once parsed
+            kwargs = search_kwargs(payload, settings)
+            del payload
+            resp = search(engine, **kwargs)
+            del kwargs
+            return json.dumps(resp.to_json()).encode()
+        finally:
+            if big:
+                release_memory()
+
+    async def read_body(request: Request, limit: int) -> Optional[bytearray]:
+        """The body in one buffer, or None once it passes ``limit`` (read no further: a huge body never sits
+        in memory)."""
+        buf = bytearray()
         async for chunk in request.stream():
-            size += len(chunk)
-            if size > max_body:
+            if len(buf) + len(chunk) > limit:
                 return None
-            chunks.append(chunk)
-        return b"".join(chunks)
+            buf += chunk
+        return buf
 
     async def endpoint(request: Request):
-        body = await read_body(request)
-        if body is None:
+        declared_text = request.headers.get("content-length", "")
+        declared = int(declared_text) if declared_text.isdigit() else max_body
+        if declared > max_body:  # a body up to a few times the limit is drained unread by the server, so the
+            # client reads the answer; a larger one gets its answer and the connection closed
             return error(413, f"the request is over {max_body / 1e6:.1f} MB; images are limited to "
-                              f"{settings.max_upload_mb:g} MB")
+                              f"{settings.max_upload_mb:g} MB", close=declared > 4 * max_body)
         with lock:
             if state["in"] >= waiting_max:
                 return error(503, BUSY)
             state["in"] += 1
         try:
-            data = await asyncio.get_running_loop().run_in_executor(pool, run, body)
-        except EngineError as exc:  # bad input, an unavailable method: the user's to fix
-            return error(400, plain_message(exc))
-        except Exception as exc:  # noqa: BLE001 - one plain sentence; details go to the server log
-            return error(500, plain_message(exc))
+            if not admission.enter(declared):
+                return error(503, BUSY)
+            try:
+                body = await read_body(request, declared if declared_text.isdigit() else max_body)
+            finally:
+                admission.leave(declared)
+            if body is None:
+                return error(413, f"the request is over {max_body / 1e6:.1f} MB; images are limited to "
+                                  f"{settings.max_upload_mb:g} MB")
+            holder = [body]
+            del body
+            try:
+                data = await asyncio.get_running_loop().run_in_executor(pool, run, holder)
+            except EngineError as exc:  # bad input, an unavailable method: the user's to fix
+                return error(400, plain_message(exc))
+            except Exception as exc:  # noqa: BLE001 - one plain sentence; details go to the server log
+                return error(500, plain_message(exc))
         finally:
             with lock:
                 state["in"] -= 1
         return Response(data, media_type="application/json")
 
     return Route("/api/search", endpoint, methods=["POST"], name="api_search")
+
+
+def api_middleware(settings: Optional[Settings] = None) -> List:
+    """Middleware for the whole app (``app_kwargs={"middleware": api_middleware(...)}``): idle request bodies
+    are closed with HTTP 408 after ``CIS_BODY_IDLE_S`` seconds (``settings.body_idle_s``), on every route (page uploads included)."""
+    from starlette.middleware import Middleware
+
+    settings = settings or Settings()
+    return [Middleware(IdleBodyTimeout, idle_s=float(settings.body_idle_s) or IDLE_BODY_S)]
 
 
 def api_routes(engine: SearchEngine, settings: Optional[Settings] = None) -> List:

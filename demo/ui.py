@@ -14,6 +14,7 @@ from engine.service import SESSIONS, drop_session_engine, load_default_engine
 
 from . import handlers as h
 from .formatting import EXPANDER_LABELS, default_method_note, method_choices
+from .upload import reference_image
 
 TITLE = "Composed image search"
 INTRO = ("Give a reference image and say what to change — *same dress but red*, *the building at night* — "
@@ -74,7 +75,7 @@ def _search_controls(engine: SearchEngine, prefix: str, with_compare: bool = Fal
     default_method = engine.default_method  # chosen on held-out-domain validation (engine.defaults); CLI and API alike
     with gr.Row(elem_id=f"{prefix}controls"):
         with gr.Column(scale=1, min_width=240):
-            c.image = gr.Image(type="filepath", image_mode=None, label="Reference image",
+            c.image = reference_image(int(engine.settings.max_upload_mb * 1e6), label="Reference image",  # no decode
                                sources=["upload", "clipboard"], height=260, elem_id=f"{prefix}reference")
             if with_picker:
                 c.picker = _gallery_picker(engine)

@@ -74,7 +74,11 @@ class BackgroundPrepare:
         self.engine, self.parts = engine, list(parts) if parts else globals()["parts"](engine.settings)
         self.budget = budget if budget is not None else engine.settings.prepare_budget_min
         self.spec = spec or engine.settings.backbone
-        self.status = Status(state={p: "waiting" for p in self.parts})
+        self.status = Status(state={p: "waiting" if p in PARTS else "unknown" for p in self.parts})
+        for p in self.parts:  # a misspelt CIS_PREPARE_PARTS entry is named; the known parts still prepare
+            if p not in PARTS:
+                self.status.error[p] = f"{p!r} is not a learned part (CIS_PREPARE_PARTS takes {', '.join(PARTS)})"
+                log.warning("CIS_PREPARE_PARTS: %s", self.status.error[p])
         self.thread: Optional[threading.Thread] = None
         self.error = ""
 
@@ -102,13 +106,15 @@ class BackgroundPrepare:
                     on_change()
 
         status.state = StateDict(status.state)
+        known = [p for p in self.parts if p in PARTS]
         try:
-            prepare(self.spec, None, self.parts, self.budget, device=engine.settings.device, quiet=True,
-                    status=status)
+            if known:
+                prepare(self.spec, None, known, self.budget, device=engine.settings.device, quiet=True,
+                        status=status, settings=engine.settings)
         except Exception as exc:
             self.error = f"{exc.__class__.__name__}: {exc}"
             log.exception("background prepare failed")
-            for p in self.parts:
+            for p in known:
                 if status.state.get(p) != "available":
                     status.state[p], status.error[p] = "failed", self.error
         on_change()
@@ -126,6 +132,8 @@ def status_markdown(status: Status, parts=PARTS) -> str:
             text = f"preparing {status.percent(p)} %"
         elif state == "waiting":
             text = "preparing (queued)"
+        elif state == "unknown":
+            text = f"unknown part: {status.error.get(p, '')}"
         elif state == "failed":
             text = f"failed: {status.error.get(p, 'unknown error')[:120]}"
         else:

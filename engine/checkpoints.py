@@ -1,9 +1,13 @@
 """Checks shared by every learned part's checkpoint loader."""
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
+import threading
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Any, Dict, Optional
 
 from .errors import CheckpointError
 
@@ -39,6 +43,89 @@ def read_safetensors_record(path: os.PathLike, key: str, label: str) -> dict:
     return record
 
 
+# -- weights that can be used: whole and finite ------------------------------------------------------------
+_VERIFIED: dict = {}  # (path, size, mtime_ns) -> None or why the file is refused
+_REFUSALS = threading.local()
+log = logging.getLogger(__name__)
+
+
+def weights_problem(path: os.PathLike) -> Optional[str]:
+    """None when the safetensors file reads whole and every floating-point tensor in it is finite, else why
+    not, as the end of a sentence naming the file. Checked once per file version (size and mtime); a refused
+    file is logged once, in one line."""
+    path = Path(path)
+    try:
+        st = path.stat()
+    except OSError as exc:
+        return f"cannot be read ({exc.strerror or exc.__class__.__name__})"
+    key = (str(path), st.st_size, st.st_mtime_ns)
+    if key in _VERIFIED:
+        problem = _VERIFIED[key]
+    else:
+        problem = None
+        try:
+            problem = _nonfinite(path)
+        except Exception as exc:  # truncated, not safetensors, unreadable
+            problem = f"is damaged or truncated ({exc.__class__.__name__}); restore or retrain it"
+        _VERIFIED[key] = problem
+        if problem:
+            log.warning("checkpoint %s %s; refused (the next one on the search path is used)", path.name, problem)
+    if problem and getattr(_REFUSALS, "found", None) is not None:
+        _REFUSALS.found.append(f"{path.name} {problem}")
+    return problem
+
+
+def _nonfinite(path: Path) -> Optional[str]:
+    """Reads every tensor (numpy, fast; torch for dtypes numpy lacks, e.g. bfloat16); why the file is refused
+    when a floating-point tensor holds NaN or infinity."""
+    import numpy as np
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt") as f:
+        names = list(f.keys())
+    bad = None
+    try:
+        with safe_open(str(path), framework="np") as f:
+            for name in names:
+                a = f.get_tensor(name)
+                if a.dtype.kind == "f" and not np.isfinite(a).all():
+                    bad = name
+                    break
+    except TypeError:  # a dtype numpy cannot hold
+        import torch
+
+        with safe_open(str(path), framework="pt") as f:
+            for name in names:
+                t = f.get_tensor(name)
+                if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+                    bad = name
+                    break
+    return None if bad is None else f"holds NaN or infinite weights (tensor {bad!r}); retrain it or restore the file"
+
+
+def _log_unreadable(path: Path, exc: Exception) -> None:
+    try:
+        st = path.stat()
+        key = ("record", str(path), st.st_size, st.st_mtime_ns)
+    except OSError:
+        key = ("record", str(path))
+    if key not in _VERIFIED:
+        _VERIFIED[key] = str(exc)
+        log.warning("checkpoint %s passed over: %s", path.name, exc)
+
+
+@contextlib.contextmanager
+def refusals():
+    """Collects, in this thread, the sentences of the checkpoints :func:`resolve` refused inside the block
+    (so a part left unavailable can say why, instead of only "no checkpoint")."""
+    previous = getattr(_REFUSALS, "found", None)
+    _REFUSALS.found = found = []
+    try:
+        yield found
+    finally:
+        _REFUSALS.found = previous
+
+
 def find_checkpoints(checkpoint_dir: os.PathLike, pattern: str, read_record, fingerprint: str):
     """[(path, record)] for the readable checkpoints matching ``pattern`` on the search path (see
     :func:`resolve`) whose record says they were trained for backbone ``fingerprint``, best first."""
@@ -58,7 +145,7 @@ def find_checkpoints(checkpoint_dir: os.PathLike, pattern: str, read_record, fin
 #     3. the file name.
 # File modification times and stored held-out (test-split) figures never take part in the choice.
 
-ENV_VAR = "CIS_CHECKPOINTS"
+ENV_VAR = "CIS_CHECKPOINTS"  # read by engine.config.Settings (checkpoints_given)
 
 
 def bundled_dir() -> Path:
@@ -72,9 +159,10 @@ def prepared_dir(create: bool = False) -> Path:
     """Where ``python -m engine prepare`` and the Space's background prepare put checkpoints by default
     (inside the cache dir, so a mounted persistent volume keeps them between starts; ``CIS_PREPARED_DIR``
     overrides it)."""
-    from .config import cache_dir
+    from .config import Settings, cache_dir
 
-    path = Path(os.environ["CIS_PREPARED_DIR"]) if os.environ.get("CIS_PREPARED_DIR") else cache_dir() / "checkpoints"
+    given = Settings().prepared_dir
+    path = Path(given) if given else cache_dir() / "checkpoints"
     if create:
         path.mkdir(parents=True, exist_ok=True)
     return path
@@ -98,7 +186,11 @@ def search_dirs(checkpoint_dir=None) -> list:
     """The folders searched, in order: ``checkpoint_dir`` (default: ``CIS_CHECKPOINTS``; several folders may
     be given separated by ``os.pathsep``), then :func:`prepared_dir`, then :func:`bundled_dir`; duplicates
     are dropped, keeping their first position."""
-    raw = checkpoint_dir if checkpoint_dir not in (None, "") else os.environ.get(ENV_VAR, "")
+    if checkpoint_dir in (None, ""):
+        from .config import Settings
+
+        checkpoint_dir = Settings().checkpoints_given
+    raw = checkpoint_dir
     entries = [str(p) for p in raw] if isinstance(raw, (list, tuple)) else str(raw).split(os.pathsep)
     dirs = [Path(e) for e in entries if e.strip()]
     dirs += [prepared_dir(), bundled_dir()]
@@ -116,7 +208,8 @@ def resolve(patterns, read_record, fingerprint: Optional[str], checkpoint_dir=No
     """[(path, record)] of the checkpoints fitting ``fingerprint`` (all readable ones when None), best first.
 
     ``patterns``: glob(s) of the part's ``.safetensors`` files; ``read_record(path)`` returns its record or
-    raises CheckpointError (such files are passed over); ``variant_rank(record)`` gives the variant priority
+    raises CheckpointError (such files are passed over, as are files whose weights are damaged or not finite:
+    :func:`weights_problem`); ``variant_rank(record)`` gives the variant priority
     (lower first); ``accept(record)`` may drop further misfits (e.g. another embedding size)."""
     if isinstance(patterns, str):
         patterns = [patterns]
@@ -128,11 +221,14 @@ def resolve(patterns, read_record, fingerprint: Optional[str], checkpoint_dir=No
         for path in names:
             try:
                 record = read_record(path)
-            except CheckpointError:
+            except CheckpointError as exc:  # damaged record: passed over, in one log line per file version
+                _log_unreadable(path, exc)
                 continue
             if fingerprint is not None and record.get(fingerprint_key) != fingerprint:
                 continue
             if accept is not None and not accept(record):
+                continue
+            if weights_problem(path):  # damaged or non-finite: passed over, so the next valid one is used
                 continue
             rank = variant_rank(record) if variant_rank else 0
             found.append(((position, rank, path.name), path, record))
@@ -238,3 +334,273 @@ def default_method(records: dict, available, baseline: str = BASELINE_METHOD):
     best = max((c for c in comps if len(c["scores"]) == widest), key=margin)  # first of equal margins
     winner = baseline if margin(best) <= 0 else max(best["scores"], key=best["scores"].get)
     return winner, best
+
+
+# -- the table of learned parts and the one record format ---------------------------------------------------
+#
+# Every learned part is one ``.safetensors`` file: its tensors, and in its metadata under ``RECORD_KEY`` one
+# JSON record of the schema below (the same record is written beside it as ``.json`` for people and diffs):
+#
+#     format                 RECORD_FORMAT
+#     part                   a name of PARTS ("rtic", "rtic+gcn", "context-i2w", "lattqe", "ics")
+#     backbone_fingerprint   the backbone it was trained on (a checkpoint never loads for another one)
+#     backbone_name          that backbone's name, for people
+#     config                 what rebuilds the module (the part's config dataclass as a dict)
+#     recipe                 how it was trained (training config, data), or {}
+#     validation             figures on the validation split it was chosen on ({"split", "metric", "scores"}), or {}
+#     ...                    any further trainer figures (history, held-out tables) as more keys
+#
+# Files of the older formats still load (read_record normalises them): RTIC / Context-I2W records under their
+# own metadata key ("rtic", "context_i2w"; the key of format 1), LAttQE's JSON sidecar and ICS's kind/config
+# metadata. ``python -m engine.checkpoints convert PART FILE`` rewrites one in the record format.
+
+RECORD_KEY = "cis_checkpoint"
+RECORD_FORMAT = 2
+RECORD_FIELDS = ("format", "part", "backbone_fingerprint", "backbone_name", "config", "recipe", "validation")
+
+
+@dataclass(frozen=True)
+class Part:
+    """One learned part: how its files are named and found, what trains it, how its old files were stored."""
+    name: str
+    label: str
+    stem: str  # file name prefix (file_name(stem, backbone)); ICS adds its code length: ics-64
+    glob: str  # files searched for it on the search path
+    train: str  # the command that makes one
+    family: str  # what ``prepare`` calls it (rtic+gcn is prepared with rtic)
+    legacy_key: str = ""  # format 1: the metadata key holding the record
+    rank: int = 0  # tie rule between parts sharing a glob (plain RTIC before RTIC+GCN)
+    sized: bool = False  # its record says the embedding size it takes (find/load with ``dim`` check it)
+
+
+PARTS: Dict[str, Part] = {p.name: p for p in (
+    Part("context-i2w", "Context-I2W", "context_i2w", "context_i2w*.safetensors",
+         "python -m engine train context-i2w", "context-i2w", legacy_key="context_i2w"),
+    Part("rtic", "RTIC", "rtic", "rtic*.safetensors", "python -m engine train rtic --data cir", "rtic",
+         legacy_key="rtic"),
+    Part("rtic+gcn", "RTIC+GCN", "rtic-gcn", "rtic*.safetensors", "python -m engine train rtic --data cir --gcn",
+         "rtic", legacy_key="rtic", rank=1),
+    Part("lattqe", "LAttQE", "lattqe", "lattqe*.safetensors", "python -m engine train lattqe", "lattqe", sized=True),
+    Part("ics", "ICS", "ics", "ics-*.safetensors", "python -m engine train ics --bits {bits}", "ics", sized=True),
+)}
+
+
+def part(name: str) -> Part:
+    try:
+        return PARTS[name]
+    except KeyError:
+        raise CheckpointError(f"unknown learned part {name!r}; known: {', '.join(PARTS)}") from None
+
+
+def _train_command(info: Part, config: dict) -> str:
+    """The part's training command, filled from a config (``{bits}`` of ICS; 64 when unknown)."""
+    try:
+        return info.train.format(**config)
+    except (KeyError, IndexError):
+        return info.train.format(bits=64)
+
+
+def make_record(part_name: str, fingerprint: str, config: dict, recipe: Optional[dict] = None,
+                validation: Optional[dict] = None, backbone_name: str = "", **figures) -> dict:
+    """A record of the one schema (see above); ``figures``: further trainer figures kept as more keys."""
+    part(part_name)
+    clash = sorted(set(RECORD_FIELDS) & set(figures))
+    if clash:
+        raise ValueError(f"{clash} are fields of the record itself")
+    return {"format": RECORD_FORMAT, "part": part_name, "backbone_fingerprint": fingerprint,
+            "backbone_name": backbone_name, "config": dict(config), "recipe": dict(recipe or {}),
+            "validation": dict(validation or {}), **figures}
+
+
+def write(path: os.PathLike, tensors: Dict[str, Any], record: dict) -> Path:
+    """Writes ``tensors`` + ``record`` as ``path`` (.safetensors) and the record as its ``.json`` sidecar, each
+    atomically (temporary file, then rename). For RTIC and Context-I2W the record is also stored under their
+    format-1 key, so their current loaders read the file too."""
+    import json
+
+    from safetensors.torch import save_file
+
+    from .fileio import atomic_path, atomic_write_text
+
+    info = part(record.get("part", ""))
+    if record.get("format") != RECORD_FORMAT or not record.get("backbone_fingerprint"):
+        raise ValueError("write() takes a record made by make_record()")
+    path = Path(path).with_suffix(".safetensors")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = json.dumps(record, default=str)
+    meta = {RECORD_KEY: text}
+    if info.legacy_key:
+        variant = {"rtic": {"variant": "rtic"}, "rtic+gcn": {"variant": "rtic+gcn"}}.get(info.name, {})
+        meta[info.legacy_key] = json.dumps({**variant, **record, "kind": info.legacy_key}, default=str)
+    state = {k: v.detach().cpu().contiguous() for k, v in tensors.items()}
+    with atomic_path(path, mode=0o644) as tmp:
+        save_file(state, str(tmp), metadata=meta)
+    atomic_write_text(path.with_suffix(".json"), json.dumps(record, indent=1, default=str) + "\n")
+    return path
+
+
+def _legacy_record(path: Path, meta: dict) -> dict:
+    """A format-1 file's record in the schema (``format`` 1), or CheckpointError naming the file."""
+    import json
+
+    for name in ("rtic", "context_i2w"):
+        if name in meta:
+            old = json.loads(meta[name])
+            if not isinstance(old, dict) or old.get("kind") != name or "config" not in old:
+                break
+            part_name = old.get("variant", "rtic") if name == "rtic" else "context-i2w"
+            return {**old, "format": 1, "part": part_name,
+                    "recipe": old.get("recipe") or old.get("train_config") or {},
+                    "validation": old.get("validation") or {}}
+    kind = meta.get("kind")
+    if kind in ("lattqe", "ics"):
+        side = {}
+        if path.with_suffix(".json").is_file():
+            side = json.loads(path.with_suffix(".json").read_text())
+        if kind == "lattqe" and side.get("kind") != "lattqe":
+            raise ValueError("its .json sidecar (the LAttQE record of format 1) is missing or foreign")
+        config = side.get("config") or json.loads(meta["config"])
+        if isinstance(config, str):
+            config = json.loads(config)
+        return {**side, "format": 1, "part": kind, "backbone_fingerprint": meta.get("fingerprint", ""),
+                "config": config, "recipe": side.get("train") or {}, "validation": side.get("validation") or {}}
+    raise ValueError("no checkpoint record in its metadata")
+
+
+def read_record(path: os.PathLike) -> dict:
+    """The record of a checkpoint file (any format, normalised to the schema) without loading its tensors;
+    ``record["file"]`` is the file name. CheckpointError names the file when it has none."""
+    import json
+
+    from safetensors import safe_open
+
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint not found: {path.name}")
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            meta = f.metadata() or {}
+        record = json.loads(meta[RECORD_KEY]) if RECORD_KEY in meta else _legacy_record(path, meta)
+        if not isinstance(record, dict) or record.get("part") not in PARTS or not isinstance(record.get("config"), dict):
+            raise ValueError("its record has no known part or no config")
+    except CheckpointError:
+        raise
+    except Exception as exc:  # damaged, truncated, not safetensors, foreign metadata
+        raise CheckpointError(f"{path.name} is not a readable checkpoint ({exc.__class__.__name__}: {exc})") from None
+    record["file"] = path.name
+    return record
+
+
+def _dim(record: dict) -> Optional[int]:
+    """The embedding size a sized part's checkpoint takes (None for the others)."""
+    if not PARTS[record["part"]].sized:
+        return None
+    value = record.get("embed_dim") or record["config"].get("dim") or record["config"].get("embed_dim")
+    return int(value) if value else None
+
+
+def find(part_name: str, fingerprint: Optional[str], checkpoint_dir=None, dim: Optional[int] = None,
+         **config) -> list:
+    """[(path, record)] of ``part_name``'s checkpoints on the search path made for ``fingerprint`` (every
+    readable one when None), best first by the tie rule; ``dim``: only those for that embedding size;
+    ``config``: only those whose config has these values (e.g. ``bits=64``). A family name (``prepare``'s
+    names) finds all its parts: "rtic" finds RTIC and RTIC+GCN, plain first; "rtic+gcn" only RTIC+GCN."""
+    names = {p.name for p in PARTS.values() if p.family == part_name} or {part(part_name).name}
+    globs = sorted({PARTS[n].glob for n in names})
+
+    def accept(record: dict) -> bool:
+        return (record["part"] in names and (dim is None or _dim(record) in (None, int(dim)))
+                and all(record["config"].get(k) == v for k, v in config.items()))
+
+    return resolve(globs, read_record, fingerprint, checkpoint_dir, variant_rank=lambda r: PARTS[r["part"]].rank,
+                   accept=accept)
+
+
+@dataclass
+class Checkpoint:
+    path: Path
+    record: dict
+    tensors: Dict[str, Any]
+
+
+def load(part_name: str, path: Optional[os.PathLike] = None, fingerprint: Optional[str] = None,
+         checkpoint_dir=None, dim: Optional[int] = None, **config) -> Checkpoint:
+    """The tensors and record of ``path``, or of the best checkpoint :func:`find` names; refuses (with
+    CheckpointError naming the file and the command that makes a fitting one) another part's file, one
+    trained for another backbone or embedding size, and an unreadable one."""
+    from safetensors.torch import load_file
+
+    info = part(part_name) if part_name in PARTS else None
+    if path is None:
+        hits = find(part_name, fingerprint, checkpoint_dir, dim, **config)
+        if not hits:
+            label = info.label if info else part_name
+            train = _train_command(info, config) if info else f"python -m engine prepare --parts {part_name}"
+            raise CheckpointError(f"no {label} checkpoint for backbone {fingerprint or '?'} in "
+                                  f"{describe_search_path(checkpoint_dir)}; make one with `{train}`")
+        path = hits[0][0]
+    path = Path(path)
+    record = read_record(path)
+    if info is not None and record["part"] != part_name and PARTS[record["part"]].family != part_name:
+        raise CheckpointError(f"{path.name} holds a {record['part']} checkpoint, not {part_name}")
+    info = PARTS[record["part"]]
+    train = _train_command(info, record["config"])
+    require_backbone(path, record.get("backbone_fingerprint"), fingerprint, train)
+    if dim is not None and _dim(record) not in (None, int(dim)):
+        raise CheckpointError(f"{path.name} expects {_dim(record)}-d embeddings, not {dim}-d; "
+                              f"make a fitting one with `{train}`")
+    try:
+        tensors = load_file(str(path))
+    except Exception as exc:
+        raise CheckpointError(f"{path.name}: cannot read its tensors ({exc.__class__.__name__})") from None
+    return Checkpoint(path, record, tensors)
+
+
+def convert(part_name: str, path: os.PathLike) -> Path:
+    """Rewrites an older-format checkpoint of ``part_name`` in the record format (same tensors, same file
+    name; the .json sidecar is rewritten too). A file already in the record format is left as it is."""
+    path = Path(path)
+    ck = load(part_name, path)
+    if ck.record.get("format") == RECORD_FORMAT:
+        return path
+    old = {k: v for k, v in ck.record.items()
+           if k not in ("format", "part", "kind", "format_version", "file")}
+    fingerprint = old.pop("backbone_fingerprint", "") or old.pop("fingerprint", "")
+    old.pop("fingerprint", None)
+    record = make_record(ck.record["part"], fingerprint, old.pop("config"), old.pop("recipe", None),
+                         old.pop("validation", None), old.pop("backbone_name", ""), **old)
+    return write(path, ck.tensors, record)
+
+
+def inventory(checkpoint_dir=None) -> Dict[str, list]:
+    """{part: [file name, ...]} of every readable checkpoint on the search path, any backbone (``info``)."""
+    out: Dict[str, list] = {name: [] for name in PARTS}
+    for name in PARTS:
+        out[name] = [f"{p.parent.name}/{p.name} ({r.get('backbone_name') or r.get('backbone_fingerprint')})"
+                     for p, r in find(name, None, checkpoint_dir)]
+    return out
+
+
+def main(argv=None) -> int:
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m engine.checkpoints",
+                                 description="Inspect or convert learned-part checkpoints.")
+    sub = ap.add_subparsers(dest="command", required=True)
+    c = sub.add_parser("convert", help="rewrite an older-format checkpoint in the one record format")
+    c.add_argument("part", choices=list(PARTS))
+    c.add_argument("file")
+    s = sub.add_parser("show", help="print a checkpoint's record")
+    s.add_argument("file")
+    args = ap.parse_args(argv)
+    import json
+
+    if args.command == "convert":
+        print(f"wrote {convert(args.part, args.file)}")
+    else:
+        print(json.dumps(read_record(args.file), indent=1, default=str))
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main())

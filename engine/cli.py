@@ -2,10 +2,12 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import json
 import logging
 import sys
+from pathlib import Path
 
 from .errors import EngineError
 
@@ -88,6 +90,9 @@ def cmd_info(args) -> int:
         out["backbones"] = BACKBONES.names()
         out["composers"] = COMPOSERS.names()
         out["expanders"] = EXPANDERS.names()
+        from .checkpoints import inventory
+
+        out["checkpoints"] = inventory(s.checkpoints)  # every learned part on the search path, any backbone
     print(json.dumps(out, indent=2, default=str))
     return 0
 
@@ -229,4 +234,11 @@ def main(argv=None) -> int:
         return {"info": cmd_info, "index": cmd_index, "search": cmd_search}[args.command](args)
     except EngineError as exc:
         print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:
+        if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        where = Path(getattr(args, "out", None) or exc.filename or ".")
+        print(f"error: the disk holding {where.name or where} is full; nothing half-written was kept (finished "
+              "work is reused on the next run): free some space and run the command again", file=sys.stderr)
         return 1

@@ -21,9 +21,8 @@ from __future__ import annotations
 import io
 import json
 import math
-import tempfile
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Callable, Dict, List, Sequence, Tuple, Union
 
 from PIL import Image, ImageDraw, ImageFont, ImageOps
 from PIL.PngImagePlugin import PngInfo
@@ -253,14 +252,6 @@ def export_contact_sheet(data: dict, image_for: Callable[[int], Union[str, Path]
                          columns: int = 4, thumb: int = 192, title: str = "Composed image search") -> Path:
     """Renders and writes the contact sheet PNG atomically."""
     return _atomic_write(path, contact_sheet_png(contact_sheet(data, image_for, columns, thumb, title)))
-
-
-def export_files(data: dict, image_for: Callable[[int], Union[str, Path]], folder: Optional[Union[str, Path]] = None,
-                 stem: str = "results") -> Dict[str, Path]:
-    """Both exports into ``folder`` (a new temporary folder by default): {"json": path, "png": path}."""
-    folder = Path(folder or tempfile.mkdtemp(prefix="cis-export-"))
-    return {"json": export_json(data, folder / f"{stem}.json"),
-            "png": export_contact_sheet(data, image_for, folder / f"{stem}.png")}
 
 
 def format_explain(data: dict) -> str:

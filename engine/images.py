@@ -1,14 +1,16 @@
-"""Safe image decoding: content-type checks, pixel limits, EXIF orientation, mode normalisation."""
+"""Safe image decoding: the one bounded decoder (:func:`load_image`) every route uses: header checks, a
+byte budget for the real pixel mode, every Pillow mode turned into RGB or refused in one sentence."""
 from __future__ import annotations
 
 import hashlib
 import io
 import os
+import struct
 import warnings
 from pathlib import Path
-from typing import Union
+from typing import Optional, Union
 
-from PIL import Image, ImageOps, UnidentifiedImageError
+from PIL import Image, UnidentifiedImageError
 
 from .errors import InputError
 
@@ -17,13 +19,12 @@ DEFAULT_MAX_PIXELS = 40_000_000
 DEFAULT_MAX_BYTES = 50 * 1024 * 1024
 DEFAULT_MAX_ASPECT = 20.0  # long side / short side
 DEFAULT_MAX_FRAMES = 100
+DEFAULT_MAX_DECODE_BYTES = 128_000_000  # CIS_MAX_DECODE_MB: bytes one decode may use (decode_cost)
+# what Image.open may identify: other Pillow formats (EPS through Ghostscript, PSD, ...) are never opened
+FORMATS = ("JPEG", "PNG", "WEBP", "BMP", "TIFF", "GIF")
 WORKING_SIDE = 1024  # decoded images are reduced so their short side is about this (draft/reduce), then bounded
 
 ImageSource = Union[str, os.PathLike, bytes, Image.Image]
-
-
-def sha256_bytes(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
 
 
 def sha256_file(path: Union[str, os.PathLike], chunk: int = 1 << 20) -> str:
@@ -50,27 +51,6 @@ def read_bytes(source: Union[str, os.PathLike, bytes], max_bytes: int = DEFAULT_
     if not data:
         raise InputError("the image file is empty")
     return data
-
-
-def _normalise_mode(img: Image.Image) -> Image.Image:
-    """Return an 8-bit RGB image; alpha is composited on white, 16-bit and CMYK are converted."""
-    if img.mode in ("I;16", "I;16B", "I;16L", "I"):
-        import numpy as np
-
-        arr = np.asarray(img, dtype=np.float64)
-        hi = arr.max() if arr.size else 1.0
-        arr = (arr / (hi if hi > 0 else 1.0) * 255.0).clip(0, 255).astype("uint8")
-        img = Image.fromarray(arr, mode="L")
-    if img.mode == "P":
-        img = img.convert("RGBA")
-    if img.mode in ("RGBA", "LA"):
-        rgba = img.convert("RGBA")
-        bg = Image.new("RGB", rgba.size, (255, 255, 255))
-        bg.paste(rgba, mask=rgba.getchannel("A"))
-        return bg
-    if img.mode != "RGB":
-        img = img.convert("RGB")
-    return img
 
 
 def check_header(img: Image.Image, name: str, max_pixels: int = DEFAULT_MAX_PIXELS,
@@ -135,25 +115,131 @@ def gif_frame_count(fp, stop_after: int = 1 << 30) -> int:
         fp.seek(pos)
 
 
-def image_header(path: Union[str, os.PathLike]) -> tuple:
-    """(width, height) read from the file's header without decoding pixels; InputError when unreadable."""
-    name = Path(path).name
+# -- the one bounded decoder ------------------------------------------------------------------------------
+# Bytes Pillow keeps per pixel for a decoded image of each mode (its internal storage: 1-bit and palette
+# images use a byte per pixel, 16-bit grayscale two, every multi-band mode four, RGB included).
+_ONE_BYTE = {"1", "L", "P"}
+_TWO_BYTES = {"I;16", "I;16B", "I;16L", "I;16N"}
+_FOUR_BYTES = {"LA", "PA", "La", "RGB", "RGBA", "RGBa", "RGBX", "CMYK", "YCbCr", "LAB", "HSV", "I", "F"}
+# formats whose decoder holds a second full-size buffer while it decodes (libwebp's RGBA, libtiff's strips)
+_DOUBLE_BUFFERED = {"WEBP", "TIFF"}
+OUTPUT_MAX_PIXELS = 16_000_000  # the decoded working copy handed on (preprocess, thumbnails) holds at most this
+_STRIP_BYTES = 2 << 20  # converted piece by piece, about this many bytes at a time
+
+
+def decode_limits(settings) -> dict:
+    """The keyword arguments of :func:`load_image` from a :class:`engine.config.Settings` (every route that
+    decodes an image passes these, so one set of limits holds whatever brought the image)."""
+    return {"max_pixels": int(settings.max_pixels), "max_bytes": int(settings.max_upload_mb * 1e6),
+            "max_aspect": float(settings.max_aspect), "max_frames": int(settings.max_frames),
+            "max_decode_bytes": int(settings.max_decode_mb * 1e6)}
+
+
+def bytes_per_pixel(mode: str) -> int:
+    if mode in _ONE_BYTE:
+        return 1
+    if mode in _TWO_BYTES:
+        return 2
+    if mode in _FOUR_BYTES:
+        return 4
+    raise KeyError(mode)
+
+
+def _reduce_factor(size: tuple, side: int = WORKING_SIDE, out_max: int = OUTPUT_MAX_PIXELS) -> int:
+    """The integer box-filter factor for a decoded image: its short side is brought to about 2 x ``side``
+    and its pixel count under ``out_max`` (1 = keep the size)."""
+    w, h = size
+    factor = max(1, min(w, h) // (2 * side))
+    while (w // factor) * (h // factor) > out_max:
+        factor += 1
+    return factor if factor >= 2 else 1
+
+
+def decode_cost(size: tuple, mode: str, fmt: Optional[str]) -> int:
+    """Bytes that decoding an image of this header needs at its peak: the decoded pixels in their real mode
+    (16-bit, alpha and CMYK count four bytes a pixel, palette and 1-bit one), twice for decoders that keep
+    their own full buffer, plus the 8-bit RGB working copy made from it when it is converted or reduced."""
+    w, h = size
+    decoded = w * h * bytes_per_pixel(mode) * (2 if fmt in _DOUBLE_BUFFERED else 1)
+    factor = _reduce_factor(size)
+    copy = 0 if (mode == "RGB" and factor == 1) else (w // factor) * (h // factor) * 4
+    return decoded + copy
+
+
+def _mode_name(mode: str) -> str:
+    return {"1": "1-bit", "P": "palette", "L": "grayscale", "LA": "grayscale with alpha", "I;16": "16-bit grayscale",
+            "I": "32-bit integer", "F": "floating-point", "CMYK": "CMYK", "RGBA": "RGBA"}.get(mode, mode)
+
+
+def _strip_to_rgb(strip: Image.Image, scale: Optional[float]) -> Image.Image:
+    """One piece of a decoded image as 8-bit RGB: alpha composited on white, 16/32-bit and float samples
+    scaled by ``scale`` (255 / the image's largest sample), palette and 1-bit images expanded."""
+    mode = strip.mode
+    if mode in _TWO_BYTES or mode in ("I", "F"):
+        import numpy as np
+
+        arr = np.asarray(strip).astype(np.float32)
+        arr = np.nan_to_num(arr * (scale or 0.0), nan=0.0, posinf=255.0, neginf=0.0)
+        return Image.fromarray(arr.clip(0, 255).astype(np.uint8), mode="L").convert("RGB")
+    if mode == "P":
+        strip = strip.convert("RGBA" if "transparency" in strip.info else "RGB")
+        mode = strip.mode
+    if mode == "La":
+        strip, mode = strip.convert("LA"), "LA"
+    if mode in ("RGBA", "LA", "PA", "RGBa"):
+        rgba = strip.convert("RGBA")
+        out = Image.new("RGB", rgba.size, (255, 255, 255))
+        out.paste(rgba, mask=rgba.getchannel("A"))
+        return out
+    return strip if mode == "RGB" else strip.convert("RGB")
+
+
+def _sample_scale(img: Image.Image, rows: int) -> Optional[float]:
+    """255 / the largest sample of a 16/32-bit or float image, found piece by piece (None for other modes)."""
+    if img.mode not in _TWO_BYTES and img.mode not in ("I", "F"):
+        return None
+    import numpy as np
+
+    hi = 0.0
+    for top in range(0, img.height, rows):
+        arr = np.asarray(img.crop((0, top, img.width, min(img.height, top + rows))))
+        finite = arr[np.isfinite(arr)] if arr.dtype.kind == "f" else arr
+        if finite.size:
+            hi = max(hi, float(finite.max()))
+    return 255.0 / hi if hi > 0 else 0.0
+
+
+def to_rgb(img: Image.Image, factor: int = 1) -> Image.Image:
+    """A decoded image of any supported mode as an 8-bit RGB copy reduced by ``factor`` (box filter),
+    made a strip of rows at a time, so the peak is the decoded image plus the (smaller) copy."""
+    if img.mode not in _ONE_BYTE | _TWO_BYTES | _FOUR_BYTES:
+        raise InputError(f"the image uses Pillow's {img.mode} mode, which this app cannot read; save it as "
+                         "an 8-bit RGB or grayscale jpg or png")
+    if img.mode == "RGB" and factor == 1:
+        return img
+    w, h = img.size
+    rows = max(factor, (_STRIP_BYTES // max(1, w * 4)) // factor * factor)
+    scale = _sample_scale(img, rows)
+    out = Image.new("RGB", (w // factor, h // factor))
+    for top in range(0, (h // factor) * factor, rows):
+        bottom = min(top + rows, (h // factor) * factor)
+        piece = _strip_to_rgb(img.crop((0, top, (w // factor) * factor, bottom)), scale)
+        if factor > 1:
+            piece = piece.reduce(factor)
+        out.paste(piece, (0, top // factor))
+    return out
+
+
+_TRANSPOSE = {2: Image.Transpose.FLIP_LEFT_RIGHT, 3: Image.Transpose.ROTATE_180, 4: Image.Transpose.FLIP_TOP_BOTTOM,
+              5: Image.Transpose.TRANSPOSE, 6: Image.Transpose.ROTATE_270, 7: Image.Transpose.TRANSVERSE,
+              8: Image.Transpose.ROTATE_90}
+
+
+def _orientation(img: Image.Image) -> int:
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-            with Image.open(path) as img:
-                return img.size
-    except (UnidentifiedImageError, Image.DecompressionBombError, OSError, SyntaxError, ValueError):
-        raise InputError(f"{name} is not an image this app can read (jpg, png, webp, bmp, tiff, gif)") from None
-
-
-def _bounded(img: Image.Image, side: int = WORKING_SIDE) -> Image.Image:
-    """Reduce a decoded image whose short side is over twice ``side`` by an integer factor (cheap box
-    filter), so later resizes and mode conversions work on a bounded number of pixels."""
-    factor = min(img.size) // (2 * side)
-    if factor >= 2:
-        img = img.reduce(factor)
-    return img
+        return int(img.getexif().get(0x0112, 1) or 1)
+    except Exception:  # broken EXIF should not make a readable image unusable
+        return 1
 
 
 def load_image(
@@ -162,25 +248,41 @@ def load_image(
     max_bytes: int = DEFAULT_MAX_BYTES,
     max_aspect: float = DEFAULT_MAX_ASPECT,
     max_frames: int = DEFAULT_MAX_FRAMES,
+    max_decode_bytes: int = DEFAULT_MAX_DECODE_BYTES,
 ) -> Image.Image:
-    """Decode an image safely. Raises InputError with a readable reason on any problem.
+    """Decode an image within bounded memory; an 8-bit RGB image, or InputError with one sentence.
 
-    The header is checked (pixels, aspect ratio, frames) before any pixel is decoded; JPEGs are decoded
-    at a reduced scale (``draft``) and other large images reduced right after decoding, so the returned
-    image's short side is at most about 2 x WORKING_SIDE."""
+    Every route that brings an image (upload, ``data:`` URL, base64, zip member, gallery item, evaluation
+    file) ends here. Before any pixel is decoded the header is checked: format (jpg, png, webp, bmp, tiff,
+    gif), pixels, aspect ratio, frames, and the bytes decoding would need in the image's real mode
+    (:func:`decode_cost`) against ``max_decode_bytes``. JPEGs are decoded at a reduced scale (``draft``);
+    other images are decoded, then turned into RGB and reduced a strip at a time (:func:`to_rgb`), so the
+    returned image's short side is at most about 2 x WORKING_SIDE and it holds at most OUTPUT_MAX_PIXELS."""
     if isinstance(source, Image.Image):
         check_header(source, "image", max_pixels, max_aspect, max_frames)
-        return _normalise_mode(_bounded(ImageOps.exif_transpose(source) or source))
+        orientation = _orientation(source)
+        out = to_rgb(source, _reduce_factor(source.size))
+        return out.transpose(_TRANSPOSE[orientation]) if orientation in _TRANSPOSE else out
     data = read_bytes(source, max_bytes)
-    name = Path(source).name if not isinstance(source, bytes) else "upload"
+    name = Path(source).name if not isinstance(source, bytes) else "the file"
     try:
         with warnings.catch_warnings():
-            warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # our own limit is checked next
-            img = Image.open(io.BytesIO(data))
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # our own limits are checked next
+            img = Image.open(io.BytesIO(data), formats=FORMATS)
             check_header(img, name, max_pixels, max_aspect, max_frames)
             img.seek(0)  # first frame of animations
-            if img.format == "JPEG" and min(img.size) > 2 * WORKING_SIDE:
+            if img.format in ("JPEG", "MPO") and min(img.size) > 2 * WORKING_SIDE:
                 img.draft("RGB", (WORKING_SIDE, WORKING_SIDE))  # DCT scaling: decodes at 1/2, 1/4 or 1/8
+            try:
+                cost = decode_cost(img.size, img.mode, img.format)
+            except KeyError:
+                raise InputError(f"{name} uses the {img.mode} colour mode, which this app cannot read; save it "
+                                 "as an 8-bit RGB or grayscale jpg or png") from None
+            if cost > max_decode_bytes:
+                w, h = img.size
+                raise InputError(f"{name} ({w}x{h} pixels, {_mode_name(img.mode)}) needs {cost / 1e6:.0f} MB to "
+                                 f"decode; the limit is {max_decode_bytes / 1e6:.0f} MB")
+            orientation = _orientation(img)
             img.load()
     except InputError:
         raise
@@ -188,11 +290,12 @@ def load_image(
         raise InputError(f"{name} is too large to decode safely (decompression bomb limit)") from None
     except UnidentifiedImageError:
         raise InputError(f"{name} is not an image this app can read (jpg, png, webp, bmp, tiff, gif)") from None
-    except (OSError, SyntaxError, ValueError, EOFError):
+    except (OSError, SyntaxError, ValueError, EOFError, IndexError, struct.error, MemoryError):
         raise InputError(f"{name} could not be decoded (truncated or corrupt file)") from None
-    img = _bounded(img)
     try:
-        img = ImageOps.exif_transpose(img) or img
-    except Exception:  # broken EXIF should not make a readable image unusable
-        pass
-    return _normalise_mode(img)
+        out = to_rgb(img, _reduce_factor(img.size))
+    except InputError:
+        raise
+    except (OSError, ValueError) as exc:
+        raise InputError(f"{name} could not be converted to RGB ({exc})") from None
+    return out.transpose(_TRANSPOSE[orientation]) if orientation in _TRANSPOSE else out

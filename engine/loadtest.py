@@ -42,8 +42,8 @@ from pathlib import Path
 from typing import Dict, List, Optional
 from urllib.parse import urlparse
 
-from .bench import load_average
-from .config import ROOT, Settings
+from .sysinfo import load_average
+from .config import ROOT, Settings, child_environment
 from .errors import InputError
 from .images import IMAGE_EXTENSIONS
 
@@ -177,8 +177,9 @@ def wait_ready(url: str, timeout: float, proc: Optional[subprocess.Popen] = None
 
 
 def spawn_app(port: int, log_path: Path) -> subprocess.Popen:
-    env = dict(os.environ, GRADIO_SERVER_NAME="127.0.0.1", GRADIO_SERVER_PORT=str(port),
-               GRADIO_ANALYTICS_ENABLED="False", HF_HUB_OFFLINE=os.environ.get("HF_HUB_OFFLINE", "1"))
+    env = child_environment(GRADIO_SERVER_NAME="127.0.0.1", GRADIO_SERVER_PORT=str(port),
+                            GRADIO_ANALYTICS_ENABLED="False")
+    env.setdefault("HF_HUB_OFFLINE", "1")  # the server never waits for the hub unless the caller set it
     log = open(log_path, "wb")
     return subprocess.Popen([sys.executable, "app.py"], cwd=str(ROOT), env=env, stdout=log,
                             stderr=subprocess.STDOUT, start_new_session=True)
@@ -484,7 +485,8 @@ def main(argv=None, engine=None) -> int:
     args = build_parser().parse_args(argv)
     if args.clients < 1 or args.duration <= 0 or args.warmup < 0:
         raise InputError("--clients must be >= 1, --duration > 0 and --warmup >= 0")
-    images = gallery_images(args.images or Settings().gallery)
+    settings = Settings()
+    images = gallery_images(args.images or settings.gallery)
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     routes = [r.strip() for r in args.routes.split(",") if r.strip()]
     if not routes or any(r not in ROUTES for r in routes):
@@ -494,7 +496,7 @@ def main(argv=None, engine=None) -> int:
         if engine is None:
             from .service import load_default_engine
 
-            engine = load_default_engine(Settings())
+            engine = load_default_engine(settings)
         compute = measure_compute(engine, images, methods, k=args.k, seconds=args.compute_seconds)
         engine = None
     proc = None

@@ -37,7 +37,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
-from .checkpoints import file_name, prepared_dir, slug
+from .checkpoints import PARTS as CHECKPOINT_PARTS
+from .checkpoints import file_name, find, prepared_dir, read_record, slug
+from .config import Settings
 from .errors import EngineError, InputError
 
 PARTS = ("context-i2w", "rtic", "lattqe", "ics")
@@ -47,6 +49,7 @@ CONTEXT_I2W_SMALL_RECIPE = ["--lr", "3e-4", "--warmup-steps", "30", "--gate-init
 RTIC_OFFLINE_RECIPE = ["--tone-edits", "--cos-weight", "0.3"]
 SHARE = {"context-i2w": 0.45, "rtic": 0.20, "lattqe": 0.20, "ics": 0.15}
 ICS_BITS = 64
+PREPARE_CONFIG = {"ics": {"bits": ICS_BITS}}  # which checkpoint of a part prepare makes and looks for
 LATTQE_SETS = "emoji,photos"
 
 
@@ -83,28 +86,18 @@ class Status:
 
 
 def find_existing(part: str, backbone, checkpoint_dir) -> Optional[Path]:
-    """The checkpoint the layer would load for ``part`` and this backbone, or None."""
-    fp = backbone.fingerprint
-    if part == "context-i2w":
-        from .compose.context_i2w import find_checkpoints
-        hits = [p for p, _ in find_checkpoints(checkpoint_dir, fp)]
-    elif part == "rtic":
-        from .compose.rtic import find_checkpoints
-        hits = [p for p, _ in find_checkpoints(checkpoint_dir, fp)]
-    elif part == "lattqe":
-        from .expand.lattqe import find_checkpoints
-        hits = [p.with_suffix(".safetensors") for p in find_checkpoints(checkpoint_dir, fp, backbone.embed_dim)]
-    elif part == "ics":
-        from .index.ics_index import find_ics_checkpoints
-        hits = [p for p, _ in find_ics_checkpoints(ICS_BITS, checkpoint_dir, fp, backbone.embed_dim)]
-    else:
+    """The checkpoint the layer would load for ``part`` and this backbone, or None (the table of parts,
+    :data:`engine.checkpoints.PARTS`: ``rtic`` finds RTIC and RTIC+GCN)."""
+    if part not in PARTS:
         raise InputError(f"unknown part {part!r}; choose from {', '.join(PARTS)}")
-    return hits[0] if hits else None
+    hits = find(part, backbone.fingerprint, checkpoint_dir, dim=backbone.embed_dim, **PREPARE_CONFIG.get(part, {}))
+    return hits[0][0] if hits else None
 
 
 def target_path(part: str, backbone, out: Path) -> Path:
-    name = {"context-i2w": "context_i2w", "ics": f"ics-{ICS_BITS}"}.get(part, part)
-    return out / file_name(name, backbone.name if part != "ics" else backbone.fingerprint)
+    """``<stem>-<backbone slug>.safetensors`` in ``out`` (ICS: ``ics-<bits>``, named by the fingerprint)."""
+    stem = CHECKPOINT_PARTS[part].stem + (f"-{ICS_BITS}" if part == "ics" else "")
+    return out / file_name(stem, backbone.name if part != "ics" else backbone.fingerprint)
 
 
 # -- running the trainers -------------------------------------------------------------------------------
@@ -238,10 +231,13 @@ def _annotate(path: Path, info: dict) -> dict:
 def prepare(backbone: str = "auto", out: Optional[os.PathLike] = None, parts: Sequence[str] = PARTS,
             budget_min: float = 30.0, data: Sequence[str] = (), force: bool = False,
             context_i2w_checkpoint: Optional[str] = None, sha256: Optional[str] = None, device: str = "auto",
-            quiet: bool = False, status: Optional[Status] = None) -> List[Row]:
-    """Makes ``parts`` available for ``backbone``; returns one :class:`Row` per part (see module doc)."""
+            quiet: bool = False, status: Optional[Status] = None, settings=None) -> List[Row]:
+    """Makes ``parts`` available for ``backbone``; returns one :class:`Row` per part (see module doc).
+    ``settings`` (default: read now) gives the ``CIS_CHECKPOINTS`` folders searched after ``out``."""
     from .backbones import create_backbone
-    from .config import resolve_device
+    from .config import Settings, resolve_device
+
+    settings = settings or Settings()
 
     t_start = time.perf_counter()  # the budget counts from here: loading the backbone is part of it
     parts = [p.strip() for p in parts if p.strip()]
@@ -262,7 +258,7 @@ def prepare(backbone: str = "auto", out: Optional[os.PathLike] = None, parts: Se
     spec = backbone
     _BB[spec] = bb
     out = Path(out) if out else prepared_dir()  # created by the first checkpoint written into it
-    search = os.pathsep.join([str(out), os.environ.get("CIS_CHECKPOINTS", "")])
+    search = os.pathsep.join([str(out), settings.checkpoints_given])
     status = status or Status()
     for p in parts:
         status.state[p], status.fraction[p] = "waiting", 0.0
@@ -334,13 +330,11 @@ def _prepare_part(part, bb, spec, device, out, search, force, sources, small, qu
     if not force:
         found = find_existing(part, bb, search)
         if found is not None:
-            side = found.with_suffix(".json")
-            rec = json.loads(side.read_text()) if side.is_file() else {}
-            return Row(part, "existing", str(found), _held_out(part, rec))
+            return Row(part, "existing", str(found), _held_out(part, read_record(found)))
     if part == "context-i2w" and ci2w_ckpt:
         from .fetch import fetch_verified
 
-        local = fetch_verified(ci2w_ckpt, sha256, quiet=quiet)
+        local = fetch_verified(ci2w_ckpt, sha256, quiet=quiet, deadline=deadline)  # within the budget
         target = target_path(part, bb, out)
         _run_trainer(MODULES[part], ["--backbone", spec, "--device", device, "--checkpoint", str(local),
                                      "--epochs", "0", "--out", str(out), "--name", target.name,
@@ -401,7 +395,8 @@ def format_table(rows: List[Row]) -> str:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m engine prepare", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--backbone", default=os.environ.get("CIS_BACKBONE", "auto"))
+    settings = Settings()
+    ap.add_argument("--backbone", default=settings.backbone)
     ap.add_argument("--device", default="auto")
     ap.add_argument("--out", default=None, help="checkpoint folder (default: the prepared-checkpoint cache)")
     ap.add_argument("--parts", default=",".join(PARTS), help="comma list of " + ", ".join(PARTS))
@@ -414,7 +409,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
     rows = prepare(args.backbone, args.out, args.parts.split(","), args.budget_min, args.data, args.force,
-                   args.context_i2w_checkpoint, args.sha256, args.device, args.quiet)
+                   args.context_i2w_checkpoint, args.sha256, args.device, args.quiet, settings=settings)
     print(format_table(rows))
     print(f"total wall time: {time.perf_counter() - t0:.0f} s (budget {args.budget_min * 60:.0f} s)")
     return 1 if any(r.source == "failed" for r in rows) else 0
@@ -423,65 +418,3 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 if __name__ == "__main__":  # pragma: no cover
     raise SystemExit(main())
 
-
-# -- cost of prepare per backbone (``python -m engine bench --only prepare-cost``) -----------------------------
-
-
-def measure_costs(arch: str, batch: int = 8, steps: int = 2) -> dict:
-    """CPU cost of the two things ``prepare`` spends its time on, for one open_clip architecture (random
-    weights: the cost does not depend on them): extracting an image's embedding + visual tokens (ms per
-    image, batch ``batch``), and one Context-I2W training step of the paper-size mapper (batch 32; the
-    frozen text tower's forward and backward through the pseudo-word dominate)."""
-    import torch
-
-    from .backbones.openclip import OpenClipBackbone
-    from .compose.context_i2w import ContextI2WConfig, ContextI2WMapper
-    from .train.context_i2w import contrastive_loss, pseudo_prompt_embeddings
-
-    t0 = time.perf_counter()
-    bb = OpenClipBackbone(arch, pretrained=None, device="cpu")
-    load_s = time.perf_counter() - t0
-    size = bb.model.visual.image_size
-    size = int(size[0] if isinstance(size, (tuple, list)) else size)
-    pixels = torch.randn(batch, 3, size, size)
-    bb.encode_images_with_tokens(pixels[:1])
-    t0 = time.perf_counter()
-    emb, tok = bb.encode_images_with_tokens(pixels)
-    extract_ms = (time.perf_counter() - t0) / batch * 1000
-    torch.manual_seed(0)
-    mapper = ContextI2WMapper(ContextI2WConfig.for_backbone(bb)).train()
-    opt = torch.optim.AdamW(mapper.parameters(), lr=1e-4)
-    reps = (32 + batch - 1) // batch
-    emb, tok = emb.repeat(reps, 1)[:32], tok.repeat(reps, 1, 1)[:32]
-    ctx = bb.encode_texts(["a photo of a dog"] * 32).embeddings
-    times = []
-    for _ in range(steps + 1):
-        t0 = time.perf_counter()
-        loss = contrastive_loss(emb, pseudo_prompt_embeddings(bb, mapper, tok, ctx).float(), bb.logit_scale)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        times.append(time.perf_counter() - t0)
-    return {"arch": arch, "load_s": round(load_s, 1), "extract_ms_per_image": round(extract_ms, 1),
-            "step_s_batch32": round(min(times[1:]), 3), "threads": torch.get_num_threads()}
-
-
-def bench_section(args=None, ctx=None) -> tuple:
-    """Measured CPU costs per backbone and the time ``prepare`` would need for the offline caption set."""
-    from .train.context_i2w import load_pairs
-
-    n_pairs = len(load_pairs("captions", "train"))
-    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    rows = [measure_costs(a) for a in ("tiny-vit-a", "ViT-B-32", "ViT-L-14")]
-    md = [f"Load average at the start: {load:.1f}. CPU costs of `prepare`'s two main steps with random weights (the cost does not depend on them), "
-          f"{rows[0]['threads']} threads, one run; estimate for Context-I2W on the offline caption set "
-          f"({n_pairs:,} training pairs): extract every image once, then 10 epochs of the paper-size mapper "
-          f"at batch 32. RTIC, LAttQE and ICS train on cached embeddings and add minutes, not hours. No GPU "
-          f"was available, so GPU times are not given.", "",
-          "| backbone | extract ms / image | mapper step s (batch 32) | estimate: extract + 10 epochs (min) |",
-          "|---|---|---|---|"]
-    for r in rows:
-        est = (n_pairs * r["extract_ms_per_image"] / 1000 + 10 * (n_pairs // 32) * r["step_s_batch32"]) / 60
-        r["estimate_min_10_epochs"] = round(est, 1)
-        md.append(f"| {r['arch']} | {r['extract_ms_per_image']:.1f} | {r['step_s_batch32']:.2f} | {est:.0f} |")
-    return "\n".join(md), {"pairs": n_pairs, "rows": rows}

@@ -18,9 +18,10 @@ from PIL import Image
 from .backbones.base import Backbone
 from .compose import COMPOSERS, Composer, ComposerUnavailable, Query
 from .config import MAX_K, Settings
-from .errors import EngineError, InputError
+from .checkpoints import refusals
+from .errors import CheckpointError, EngineError, InputError
 from .expand import EXPANDERS, Expander, ExpanderUnavailable
-from .images import load_image
+from .images import DEFAULT_MAX_BYTES, decode_limits, load_image
 from .index.store import GalleryIndex
 from .share import ReferenceStore
 
@@ -73,6 +74,13 @@ def _jsonable(obj):
     if isinstance(obj, torch.Tensor):
         return obj.tolist()
     return obj
+
+
+def _unavailable_reason(exc: Exception, refused: list) -> str:
+    """Why a learned part is unavailable: its loader's sentence, and the refused checkpoint when one was."""
+    if refused and not any(r.split(" ", 1)[0] in str(exc) for r in refused):
+        return f"{refused[0]} ({exc})"
+    return str(exc)
 
 
 class FeatureCache:
@@ -134,19 +142,21 @@ class SearchEngine:
         self.unavailable: Dict[str, str] = {}
         ckpt = self.settings.checkpoints
         for name in COMPOSERS:
-            try:
-                self.composers[name] = COMPOSERS.get(name)(backbone, checkpoint_dir=ckpt)
-            except ComposerUnavailable as exc:
-                self.unavailable[name] = str(exc)
+            with refusals() as refused:
+                try:
+                    self.composers[name] = COMPOSERS.get(name)(backbone, checkpoint_dir=ckpt)
+                except (ComposerUnavailable, CheckpointError) as exc:
+                    self.unavailable[name] = _unavailable_reason(exc, refused)
         self.expanders: Dict[str, Expander] = {}
         self.expanders_unavailable: Dict[str, str] = {}
         for name in EXPANDERS:
-            try:
-                self.expanders[name] = EXPANDERS.get(name)(
-                    embed_dim=backbone.embed_dim, checkpoint_dir=ckpt, fingerprint=backbone.fingerprint
-                )
-            except ExpanderUnavailable as exc:
-                self.expanders_unavailable[name] = str(exc)
+            with refusals() as refused:
+                try:
+                    self.expanders[name] = EXPANDERS.get(name)(
+                        embed_dim=backbone.embed_dim, checkpoint_dir=ckpt, fingerprint=backbone.fingerprint
+                    )
+                except (ExpanderUnavailable, CheckpointError) as exc:
+                    self.expanders_unavailable[name] = _unavailable_reason(exc, refused)
         from .defaults import engine_defaults
 
         self.defaults = engine_defaults(backbone, self.settings)
@@ -174,9 +184,7 @@ class SearchEngine:
             data = read_bytes(image, int(self.settings.max_upload_mb * 1e6))
             key = hashlib.sha256(data).hexdigest()
             image = data
-        return self._cached_features(key, lambda: load_image(
-            image, max_pixels=self.settings.max_pixels, max_bytes=int(self.settings.max_upload_mb * 1e6),
-            max_aspect=self.settings.max_aspect, max_frames=self.settings.max_frames))
+        return self._cached_features(key, lambda: load_image(image, **decode_limits(self.settings)))
 
     def gallery_features(self, item_id: int):
         if not 0 <= item_id < len(self.index):
@@ -187,7 +195,7 @@ class SearchEngine:
             path = self.index.image_path(item_id)
             if not path.exists():
                 path = self.index.display_path(item_id)
-            return load_image(path, max_pixels=self.settings.max_pixels)
+            return load_image(path, **{**decode_limits(self.settings), "max_bytes": DEFAULT_MAX_BYTES})
 
         return self._cached_features(key, load)
 

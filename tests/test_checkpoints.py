@@ -10,9 +10,13 @@ from engine.config import ASSETS
 
 
 def _write(path, record):
-    """A stand-in checkpoint: any file whose record the reader below returns."""
+    """A stand-in checkpoint: a small valid safetensors file (the layer passes over damaged or non-finite
+    weights, issue #27) whose record the reader below returns."""
+    import torch
+    from safetensors.torch import save_file
+
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(b"x")
+    save_file({"w": torch.ones(2)}, str(path))
     path.with_suffix(".json").write_text(json.dumps(record))
 
 
@@ -81,7 +85,7 @@ def test_shipped_packaged_checkpoints_are_found(tmp_path, monkeypatch):
     assert [p.name for p, _ in find_ci2w(None, fp)] == ["context_i2w-packaged-efficientnet-lite0-all-minilm-l6-v2.safetensors"]
     assert [p.name for p, _ in find_rtic(None, fp)] == ["rtic-packaged-efficientnet-lite0-all-minilm-l6-v2.safetensors",
                                                          "rtic-gcn-packaged-efficientnet-lite0-all-minilm-l6-v2.safetensors"]
-    assert [p.name for p in find_lattqe(None, fp, 384)] == ["lattqe-packaged-efficientnet-lite0-all-minilm-l6-v2.json"]
+    assert [p.name for p, _ in find_lattqe(None, fp, 384)] == ["lattqe-packaged-efficientnet-lite0-all-minilm-l6-v2.safetensors"]
     assert available_ics_types(None, fp, 384) == ["ics-16", "ics-32", "ics-64", "ics-128"]
     assert available_ics_types(None, "tiny:x@0", 384) == []
     (path, _), = find_ics_checkpoints(64, None, fp, 384)

@@ -264,12 +264,13 @@ def test_training_lowers_loss_and_checkpoint_round_trip(tmp_path):
     model.center.copy_(torch.as_tensor(x[tr].mean(0)))  # the input centre is part of the checkpoint
     path = save_lattqe(model, tmp_path / "lattqe.safetensors", "bb@abc", {"val_map": best["val_map"]})
     rec = json.loads(path.with_suffix(".json").read_text())
-    assert rec["fingerprint"] == "bb@abc" and rec["config"]["dim"] == 16
+    assert rec["backbone_fingerprint"] == "bb@abc" and rec["config"]["dim"] == 16 and rec["part"] == "lattqe"
+    assert rec["val_map"] == best["val_map"] and rec["validation"] == {}  # one score: no comparison to record
     loaded, _ = load_lattqe(path, fingerprint="bb@abc")
     v1, _ = expand_numpy(model, x[:4], np.stack([x[4:9]] * 4))
     v2, _ = expand_numpy(loaded, x[:4], np.stack([x[4:9]] * 4))
     np.testing.assert_allclose(v1, v2, atol=1e-6)
-    with pytest.raises(CheckpointError, match="lattqe.json"):
+    with pytest.raises(CheckpointError, match="lattqe.safetensors"):
         load_lattqe(path, fingerprint="other@1")
     ex = EXPANDERS.get("lattqe")(embed_dim=16, checkpoint_dir=str(tmp_path), fingerprint="bb@abc")
     assert isinstance(ex, LAttQEExpander)
@@ -363,7 +364,7 @@ def test_cli_trains_from_features_and_writes_checkpoint_and_report(tmp_path):
                "--k-max", "8", "--val-nqe", "8", "--eval-queries", "20", "--quiet", "--dropout", "0", "--nqe-list", "2,8"])
     assert rc == 0
     rec = json.loads((tmp_path / "ck" / "lattqe.json").read_text())
-    assert rec["fingerprint"] == "bb@cli" and rec["best_epoch"] == 1 and len(rec["history"]) == 1
+    assert rec["backbone_fingerprint"] == "bb@cli" and rec["best_epoch"] == 1 and len(rec["history"]) == 1
     assert set(rec["val_classes"]).isdisjoint(set(rec["train_classes"]))
     res = json.loads((tmp_path / "rep" / "lattqe_eval.json").read_text())
     assert "lattqe" in res["curves"] and "lattdba+lattqe" in res["curves"]

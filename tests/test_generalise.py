@@ -130,3 +130,20 @@ def test_search_uses_the_recorded_default_method_and_caps_nqe_by_the_gallery(tmp
     assert r.explanation["expansion"]["nqe"] == 1
     r = search(eng, text="noise", method="sum", expand="aqe", k=3, nqe=5)   # an explicit value is kept
     assert r.explanation["expansion"]["nqe"] == 5
+
+
+def test_the_default_method_is_the_best_text_capable_one_on_validation_with_ties_to_the_sum(monkeypatch):
+    import engine.eval.generalise as g
+
+    monkeypatch.setattr(g, "_expanders", lambda backbone, settings: {})
+
+    def ev(scores):
+        res = {(n, "none"): {"overall": v, "all": {"R@10": v}} for n, v in scores.items()}
+        return {"side": "val", "results": res, "suite_obj": None, "tensors": (None, None, None), "kinds": None,
+                "vectors": {}}
+
+    assert g.choose(None, None, ev({"sum": 50.0, "rtic": 60.0, "image": 90.0}))["method"] == "rtic"  # image: no text alone
+    assert g.choose(None, None, ev({"sum": 50.0, "rtic": 50.4, "text": 20.0}))["method"] == "sum"    # within 0.5
+    assert g.choose(None, None, ev({"sum": 50.0, "context-i2w": 49.0, "text": 55.0}))["method"] == "text"
+    with pytest.raises(ValueError):
+        g.choose(None, None, {**ev({"sum": 1.0}), "side": "test"})                                 # never on test

@@ -14,7 +14,8 @@ from engine.index.ics import (ICSConfig, code_distance, hadamard, hash_centres, 
                               neg_log_likelihood, neighbour_loss, pack_bits, save_ics, unpack_signs)
 from engine.index.ics_baselines import ITQHasher, LSHHasher
 from engine.train.ics import pgd_weights, project_simplex, train_ics, weight_objective
-from engine.index.ics_index import CompactBinaryIndex, HammingScan, LSHIndex, candidate_recall, make_ics_index
+from engine.index.ics_index import CompactBinaryIndex, HammingScan, LSHIndex, make_ics_index
+from engine.train.ics import candidate_recall
 from engine.index.vectors import VECTOR_INDEXES, create_vector_index
 
 torch.set_num_threads(1)
@@ -306,7 +307,8 @@ def test_checkpoint_roundtrip_and_fingerprint_check(tmp_path):
     path = save_ics(model, tmp_path / "ics-16", "bb@1")
     assert path.name == "ics-16.safetensors" and (tmp_path / "ics-16.json").is_file()
     record = json.loads((tmp_path / "ics-16.json").read_text())
-    assert record["fingerprint"] == "bb@1" and record["config"]["bits"] == 16
+    assert record["backbone_fingerprint"] == "bb@1" and record["config"]["bits"] == 16
+    assert record["part"] == "ics" and record["format"] == 2
     loaded = load_ics(path, fingerprint="bb@1")
     np.testing.assert_array_equal(loaded.encode(x), model.encode(x))
     assert loaded.identity() == model.identity()
@@ -516,7 +518,7 @@ def test_train_cli_on_feature_file(tmp_path, capsys):
                "--neighbour-weight", "0.5", "--out", str(tmp_path / "ck"), "--quiet"])
     assert rc == 0
     record = json.loads((tmp_path / "ck" / "ics-16-bb.json").read_text())  # ics-<K>-<backbone slug>
-    assert record["fingerprint"] == "bb@9" and record["bits"] == 16
+    assert record["backbone_fingerprint"] == "bb@9" and record["bits"] == 16
     assert record["splits"] == {"train": 320, "query": 16, "db": 64}
     assert record["eval"]["map_ics"] > record["eval"]["map_lsh"]
     assert record["eval"]["rerank"] == 20 and 0 < record["eval"]["recall10_ics"] <= 1  # 5% of 384 items
@@ -529,7 +531,7 @@ def test_train_cli_on_feature_file(tmp_path, capsys):
 
 
 def test_bench_tables_on_small_data():
-    from engine.index.ics_bench import PAPER, map_table, million_table, recall_table, to_markdown
+    from engine.bench.ics import PAPER, map_table, million_table, recall_table, to_markdown
 
     x, labels, digit = _digits_multilabel()
     table, models = map_table("digits", x[:1000], labels[:1000], x[1000:1100], labels[1000:1100], x[1100:],
@@ -563,7 +565,7 @@ def test_bench_tables_on_small_data():
 def test_ics_bench_million_only_keeps_the_previous_tables(tmp_path):
     from types import SimpleNamespace
 
-    from engine.index.ics_bench import bench_section
+    from engine.bench.ics import section_ics as bench_section
 
     old = ("# Benchmarks\n\nWritten by `python -m engine bench` on 2026-11-29.\n\n## ics\n\nmAP@1000 on X\n\n"
            "| bits | ICS |\n|---|---|\n| 64 | 0.7 |\n\n1,000,000 synthetic 512-d vectors, one thread, single queries: "

@@ -275,7 +275,7 @@ def test_dba_index_variant_stores_expanded_vectors(small_gallery, tmp_path, tiny
 def test_ann_bench_section_reports_in_and_out_of_distribution_rows():
     from types import SimpleNamespace
 
-    from engine.bench import ann_queries, section_ann
+    from engine.bench.ann import ann_queries, section_ann
 
     x, q_in, q_ood = ann_queries(2000, 32, 20)
     assert (q_in @ x.T).max(1).mean() > (q_ood @ x.T).max(1).mean() + 0.2  # held-out queries sit in the data

@@ -1,18 +1,18 @@
-"""Section plugins fail loudly; `bench --only X` and `eval offline --only X` rewrite X (with its own date
-line) and keep the other sections."""
+"""Report sections are registered functions; `bench --only X` and `eval offline --only X` rewrite X (with its
+own date line) and keep the other sections."""
 import pytest
 
-from engine.plugins import load_plugin, merge_sections
+from engine.reports import merge_sections
 
 
-def test_broken_section_module_fails_loudly(tmp_path, monkeypatch):
-    (tmp_path / "broken_section_mod.py").write_text("import a_module_that_does_not_exist\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
-    with pytest.raises(ImportError, match="a_module_that_does_not_exist"):
-        load_plugin("broken_section_mod:bench_section")
-    with pytest.raises(AttributeError, match="no function nope"):
-        load_plugin("engine.plugins:nope")
-    assert load_plugin("engine.plugins:load_plugin") is load_plugin
+def test_offline_sections_are_registered_functions():
+    from engine.eval import concepts, expansion, generalise
+    from engine.eval.offline import OFFLINE_SECTIONS
+
+    assert list(OFFLINE_SECTIONS) == ["query-expansion", "backbone-versions", "generalise"]
+    assert OFFLINE_SECTIONS.get("query-expansion") is expansion.offline_section
+    assert OFFLINE_SECTIONS.get("backbone-versions") is concepts.offline_section
+    assert OFFLINE_SECTIONS.get("generalise") is generalise.offline_section
 
 
 def test_only_rewrites_its_own_section_header():
@@ -34,10 +34,7 @@ def test_eval_offline_only_keeps_the_other_sections(tmp_path, monkeypatch):
     import engine.backbones
     from engine.eval import offline
 
-    (tmp_path / "fake_results_section.py").write_text(
-        "def section(args, ctx):\n    return 'fresh table', {'x': 1}\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setitem(offline.EXTRA_SECTIONS, "fake", "fake_results_section:section")
+    monkeypatch.setitem(offline.OFFLINE_SECTIONS._items, "fake", lambda args, ctx: ("fresh table", {"x": 1}))
     monkeypatch.setattr(engine.backbones, "create_backbone", lambda spec, device: object())
     out = tmp_path / "RESULTS.md"
     out.write_text("# Results\n\nold head\n\n## Composed retrieval (packaged)\n\n| rtic | 70.9 |\n\n"

@@ -63,7 +63,9 @@ def _register_tiny_configs():
 
 def hub_reachable(timeout: float = 2.0) -> bool:
     """True when the model hub answers a TCP connect within ``timeout`` seconds (never retries)."""
-    if os.environ.get("HF_HUB_OFFLINE") == "1":
+    from ..config import Settings
+
+    if Settings().hf_hub_offline:
         return False
     try:
         with socket.create_connection((HUB_HOST, 443), timeout=timeout):

@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 
 PREFIX = "anchor."
+STEP_TOLERANCE = 1e-4
 
 
 @dataclass
@@ -51,8 +52,8 @@ class AnchorConfig:
 def ramp(f: torch.Tensor, lo: float, hi: float) -> torch.Tensor:
     if lo <= -1.0 and hi <= -1.0:
         return torch.ones_like(f)
-    if hi <= lo:
-        return (f >= hi).to(f.dtype)
+    if hi <= lo:  # a step; the tolerance keeps a text equal to a bank entry at familiarity 1 whatever the
+        return (f >= hi - STEP_TOLERANCE).to(f.dtype)  # batch it was encoded in (padding moves the last bits)
     return ((f - lo) / (hi - lo)).clamp(0.0, 1.0)
 
 

@@ -144,7 +144,7 @@ def cost_per_image(backbone, n: int = 64, repeats: int = 3) -> Dict[str, float]:
 
 def main(argv=None) -> int:
     from ..backbones.packaged import PackagedBackbone
-    from ..bench import load_average
+    from ..sysinfo import load_average
 
     ap = argparse.ArgumentParser(prog="python -m engine eval concepts", description=__doc__.split("\n")[0])
     ap.add_argument("--split", default="val", choices=["val", "train"])

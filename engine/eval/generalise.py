@@ -278,7 +278,8 @@ def choose(backbone, settings: Settings, ev: dict) -> dict:
       (a text-only query must work with the default); ties (within 0.5 point) go to the training-free sum;
     * **nQE per expander**: over :data:`NQE_GRID`, capped at :data:`NQE_FRACTION` of each gallery, the value
       whose worst R@10 change over the composers is highest (ties: the smaller nQE)."""
-    assert ev["side"] == "val", "defaults are chosen on the validation side only"
+    if ev["side"] != "val":
+        raise ValueError("defaults are chosen on the validation side only")
     res = ev["results"]
     scores = {n: r["overall"] for (n, e), r in res.items() if e == "none"}
     textable = [n for n in scores if n != "image" and _takes_text_alone(ev, n)]

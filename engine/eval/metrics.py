@@ -480,3 +480,23 @@ def map_at_n(query_labels: np.ndarray, db_labels: np.ndarray, top: int, *, query
         aps.append(average_precisions(order[:, :top], relevant, is_ranking=True, top_n=top))
     aps = np.concatenate(aps) if aps else np.zeros(0)
     return float(np.nanmean(aps)) if np.isfinite(aps).any() else 0.0
+
+
+# -- approximate nearest-neighbour search: recall against exact search ---------------------------
+def exact_top_ids(vectors: np.ndarray, queries: np.ndarray, k: int = 10) -> np.ndarray:
+    """(Q, k) ids of exact inner-product search over ``vectors`` (ties in gallery order), the reference of
+    :func:`approximate_recall`."""
+    sim = np.asarray(queries, np.float32) @ np.asarray(vectors, np.float32).T
+    return np.argsort(-sim, axis=1, kind="stable")[:, :k]
+
+
+def approximate_recall(found_ids: np.ndarray, exact_ids: np.ndarray) -> float:
+    """recall@k of an approximate index: per query, the share of the exact top-k (row of ``exact_ids``, k its
+    length) among the ids it returned (row of ``found_ids``; -1 = no result, FAISS's filler), averaged over
+    queries, as a fraction (0..1). No queries -> 0.0."""
+    found, exact = np.asarray(found_ids), np.asarray(exact_ids)
+    if len(found) != len(exact):
+        raise InputError(f"found_ids has {len(found)} rows, exact_ids {len(exact)}")
+    if len(exact) == 0 or exact.shape[1] == 0:
+        return 0.0
+    return float(np.mean([len(set(a[a >= 0].tolist()) & set(b.tolist())) / len(b) for a, b in zip(found, exact)]))

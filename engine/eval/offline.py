@@ -19,16 +19,17 @@ import numpy as np
 import torch
 
 from ..config import ROOT, Settings
-from ..plugins import load_plugin, merge_sections
+from ..registry import Registry
+from ..reports import merge_sections
+from . import concepts, expansion, generalise
 from .metrics import first_hit_ranks, recall_from_ranks
 
 KS = (1, 5, 10, 50)
-# name -> "module:function(args, ctx) -> (markdown, data)" for sections other parts provide
-EXTRA_SECTIONS = {
-    "query-expansion": "engine.expand.evaluate:offline_section",
-    "backbone-versions": "engine.eval.concepts:offline_section",
-    "generalise": "engine.eval.generalise:offline_section",
-}
+# the sections after the composed-retrieval tables: name -> function(args, ctx) -> (markdown, data)
+OFFLINE_SECTIONS = Registry("offline section")
+OFFLINE_SECTIONS.register("query-expansion")(expansion.offline_section)
+OFFLINE_SECTIONS.register("backbone-versions")(concepts.offline_section)
+OFFLINE_SECTIONS.register("generalise")(generalise.offline_section)
 
 
 def cir_tensors(backbone, split: str = "test"):
@@ -268,14 +269,14 @@ def main(argv=None) -> int:
     p.add_argument("--nqe", type=int, default=0, help="neighbours used by the expanders in the CIR table (0: the "
                    "page defaults, chosen on validation and capped by the gallery size)")
     p.add_argument("--only", default="", help="re-measure only these sections (the others in --out are kept): "
-                   "cir," + ",".join(EXTRA_SECTIONS))
+                   "cir," + ",".join(OFFLINE_SECTIONS))
     p.add_argument("--out", default=str(ROOT / "docs" / "RESULTS.md"))
     p.add_argument("--record", default="", help="also write a JSON run record here")
     args = p.parse_args(argv)
-    sections = [s for s in args.only.split(",") if s] or ["cir", *EXTRA_SECTIONS]
-    unknown = [s for s in sections if s != "cir" and s not in EXTRA_SECTIONS]
+    sections = [s for s in args.only.split(",") if s] or ["cir", *OFFLINE_SECTIONS]
+    unknown = [s for s in sections if s != "cir" and s not in OFFLINE_SECTIONS]
     if unknown:
-        p.error(f"unknown section {', '.join(unknown)}; choose from cir, {', '.join(EXTRA_SECTIONS)}")
+        p.error(f"unknown section {', '.join(unknown)}; choose from cir, {', '.join(OFFLINE_SECTIONS)}")
     from ..backbones import create_backbone
 
     t0 = time.time()
@@ -317,7 +318,7 @@ def main(argv=None) -> int:
     for name in sections:
         if name == "cir":
             continue
-        fn = load_plugin(EXTRA_SECTIONS[name])  # a broken section module fails the run loudly
+        fn = OFFLINE_SECTIONS.get(name)
         print(f"[eval] {name}", flush=True)
         t = time.time()
         md, data = fn(args, {"backbone": backbone, "settings": settings, "img_dir": img_dir})

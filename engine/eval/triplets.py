@@ -17,23 +17,20 @@ query, and the expanded query is scored against the whole gallery.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Callable, Dict, Iterable, Iterator, List, Optional, Sequence
 
 import numpy as np
 import torch
 
-from ..data.formats import iter_jsonl
 from ..errors import EngineError, InputError
 from .metrics import average_precisions, first_hit_ranks, recall_from_ranks
 
 KS = (1, 5, 10)
 MAP_N = 10
-MAX_QUERY_FILE_BYTES = 20_000_000
 
 
 @dataclass
@@ -54,79 +51,160 @@ def triplet_metrics(scores: np.ndarray, positives: np.ndarray, exclude: np.ndarr
     return out
 
 
-def read_queries(path, index) -> List[Triplet]:
-    """Parse the JSONL file against the index's items; every problem is one sentence naming the line."""
-    path = Path(path)
-    if not path.is_file():
-        raise InputError(f"queries file {path} does not exist")
-    if path.stat().st_size > MAX_QUERY_FILE_BYTES:
-        raise InputError(f"queries file {path} is larger than {MAX_QUERY_FILE_BYTES // 1_000_000} MB")
-    by_path = {str(it["path"]).replace("\\", "/"): int(it["id"]) for it in index.items}
-    root = Path(index.meta["source"]) if index.meta.get("source") else None
-    out: List[Triplet] = []
-    for n, obj in iter_jsonl(path):
-        text = obj.get("text")
-        if text is not None and not isinstance(text, str):
-            raise InputError(f"{path.name} line {n}: text must be a string")
-        text = (text or "").strip() or None
-        ref = obj.get("reference")
-        if ref is not None:
-            if not isinstance(ref, str) or not ref.strip():
-                raise InputError(f"{path.name} line {n}: reference must be a path or gallery:ID")
-            if ref.startswith("gallery:"):
-                try:
-                    rid = int(ref.split(":", 1)[1])
-                except ValueError:
-                    raise InputError(f"{path.name} line {n}: {ref!r} is not gallery:<integer id>") from None
-                if not 0 <= rid < len(index):
-                    raise InputError(f"{path.name} line {n}: gallery item {rid} does not exist "
-                                     f"(the gallery has {len(index)} images)")
-                ref = rid
-            else:
+MAX_LINE_BYTES = 1_000_000  # a longer line is reported and skipped without being held
+SCORE_BYTES = 64 << 20  # queries are scored against the gallery in blocks of about this many bytes
+
+
+class _Gallery:
+    """What parsing a line needs from the index, built once: paths -> ids, the gallery root, the size."""
+
+    def __init__(self, index):
+        self.by_path = {str(it["path"]).replace("\\", "/"): int(it["id"]) for it in index.items}
+        self.root = Path(index.meta["source"]) if index.meta.get("source") else None
+        self.size = len(index)
+
+
+def _parse_line(obj, n: int, path: Path, g: _Gallery) -> Triplet:
+    """One query line as a Triplet; InputError naming the file and line for anything wrong."""
+    if not isinstance(obj, dict):
+        raise InputError(f"{path.name} line {n}: expected a JSON object")
+    text = obj.get("text")
+    if text is not None and not isinstance(text, str):
+        raise InputError(f"{path.name} line {n}: text must be a string")
+    text = (text or "").strip() or None
+    ref = obj.get("reference")
+    if ref is not None:
+        if not isinstance(ref, str) or not ref.strip():
+            raise InputError(f"{path.name} line {n}: reference must be a path or gallery:ID")
+        if ref.startswith("gallery:"):
+            try:
+                rid = int(ref.split(":", 1)[1])
+            except ValueError:
+                raise InputError(f"{path.name} line {n}: {ref!r} is not gallery:<integer id>") from None
+            if not 0 <= rid < g.size:
+                raise InputError(f"{path.name} line {n}: gallery item {rid} does not exist "
+                                 f"(the gallery has {g.size} images)")
+            ref = rid
+        else:
+            try:
                 cands = [Path(ref)] if Path(ref).is_absolute() else \
-                    ([root / ref] if root is not None else []) + [path.parent / ref]
+                    ([g.root / ref] if g.root is not None else []) + [path.parent / ref]
                 found = next((c for c in cands if c.is_file()), None)
-                if found is None:
-                    raise InputError(f"{path.name} line {n}: reference image {ref} not found")
-                ref = found
-        if ref is None and text is None:
-            raise InputError(f"{path.name} line {n} has neither a reference nor a text")
-        targets = obj.get("targets")
-        if isinstance(targets, str):
-            targets = [targets]
-        if not isinstance(targets, list) or not targets or not all(isinstance(t, str) for t in targets):
-            raise InputError(f"{path.name} line {n}: targets must be a non-empty list of paths")
-        ids = []
-        for t in targets:
-            key = t.replace("\\", "/")
-            key = key[2:] if key.startswith("./") else key
-            if key not in by_path:
-                raise InputError(f"{path.name} line {n}: target {t} is not in the index "
-                                 "(paths are relative to the gallery root)")
-            ids.append(by_path[key])
-        out.append(Triplet(n, ref, text, ids))
+            except (OSError, ValueError):  # a NUL byte, a name too long
+                found = None
+            if found is None:
+                raise InputError(f"{path.name} line {n}: reference image {ref[:200]} not found")
+            ref = found
+    if ref is None and text is None:
+        raise InputError(f"{path.name} line {n} has neither a reference nor a text")
+    targets = obj.get("targets")
+    if isinstance(targets, str):
+        targets = [targets]
+    if not isinstance(targets, list) or not targets or not all(isinstance(t, str) for t in targets):
+        raise InputError(f"{path.name} line {n}: targets must be a non-empty list of paths")
+    ids = []
+    for t in targets:
+        key = t.replace("\\", "/")
+        key = key[2:] if key.startswith("./") else key
+        if key not in g.by_path:
+            raise InputError(f"{path.name} line {n}: target {t[:200]} is not in the index "
+                             "(paths are relative to the gallery root)")
+        ids.append(g.by_path[key])
+    return Triplet(n, ref, text, ids)
+
+
+def _open_queries(path: Path):
+    if not path.exists():
+        raise InputError(f"queries file {path} does not exist")
+    try:
+        return open(path, "rb")
+    except OSError as exc:
+        raise InputError(f"queries file {path.name} cannot be read ({exc.strerror or exc})") from None
+
+
+def count_lines(path) -> int:
+    """Lines in the file, counted a block at a time (for the progress bar's total)."""
+    n, last = 0, b"\n"
+    with _open_queries(Path(path)) as f:
+        try:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                n += block.count(b"\n")
+                last = block[-1:]
+        except OSError as exc:
+            raise InputError(f"queries file {Path(path).name} cannot be read ({exc.strerror or exc})") from None
+    return n + (last != b"\n")
+
+
+def iter_queries(path, index, on_error: Optional[Callable[[str], None]] = None) -> Iterator[Triplet]:
+    """The file's queries one at a time (memory does not grow with the file). A bad line (not UTF-8, not
+    JSON, too long, not a query of this index) raises InputError naming it, or, with ``on_error``, is
+    reported to it in one sentence and skipped."""
+    path = Path(path)
+    g = _Gallery(index)
+    with _open_queries(path) as f:
+        n = 0
+        while True:
+            try:
+                raw = f.readline(MAX_LINE_BYTES + 1)
+            except OSError as exc:
+                raise InputError(f"queries file {path.name} cannot be read after line {n} "
+                                 f"({exc.strerror or exc})") from None
+            if not raw:
+                return
+            n += 1
+            try:
+                if len(raw) > MAX_LINE_BYTES and not raw.endswith(b"\n"):
+                    while raw and not raw.endswith(b"\n"):  # skip the rest of the line, a block at a time
+                        raw = f.readline(MAX_LINE_BYTES)
+                    raise InputError(f"{path.name} line {n} is longer than {MAX_LINE_BYTES // 1_000_000} MB")
+                try:
+                    line = raw.decode("utf-8-sig" if n == 1 else "utf-8").strip()
+                except UnicodeDecodeError as exc:
+                    raise InputError(f"{path.name} line {n} is not UTF-8 text (byte {exc.start + 1})") from None
+                if not line:
+                    continue
+                try:
+                    obj = json.loads(line)
+                except RecursionError:
+                    raise InputError(f"{path.name} line {n}: nested too deeply") from None
+                except ValueError as exc:
+                    raise InputError(f"{path.name} line {n}: not valid JSON ({getattr(exc, 'msg', exc)})") from None
+                yield _parse_line(obj, n, path, g)
+            except InputError as exc:
+                if on_error is None:
+                    raise
+                on_error(str(exc))
+
+
+def read_queries(path, index) -> List[Triplet]:
+    """Every query of the file; the first problem is one sentence naming its line."""
+    out = list(iter_queries(path, index))
     if not out:
-        raise InputError(f"{path.name} holds no queries")
+        raise InputError(f"{Path(path).name} holds no queries")
     return out
 
 
-def _reference_exclusion(engine, t: Triplet) -> np.ndarray:
-    excl = np.zeros(len(engine.index), dtype=bool)
-    if isinstance(t.reference, int):
-        excl[t.reference] = True
-    elif isinstance(t.reference, Path):
-        sha = hashlib.sha256(t.reference.read_bytes()).hexdigest()
-        for it in engine.index.items:
-            if it["sha256"] == sha:
-                excl[int(it["id"])] = True
-    return excl
+def _chunks(items: Iterable, size: int) -> Iterator[list]:
+    block = []
+    for it in items:
+        block.append(it)
+        if len(block) >= size:
+            yield block
+            block = []
+    if block:
+        yield block
 
 
-def evaluate_triplets(engine, triplets: List[Triplet], nqe: int = 8, alpha: float = 0.5,
+def evaluate_triplets(engine, triplets: Iterable[Triplet], nqe: int = 8, alpha: float = 0.5,
                       methods: Optional[List[str]] = None, expansions: Optional[List[str]] = None,
-                      progress=None) -> dict:
-    """{"methods": {method: {expansion: metrics}}, "skipped": {method: reason}, ...} on the engine's gallery."""
+                      progress: Optional[Callable[[int], None]] = None) -> dict:
+    """{"methods": {method: {expansion: metrics}}, "skipped": {method: reason}, ...} on the engine's gallery.
+
+    ``triplets`` may be a stream (:func:`iter_queries`): queries are composed and scored a block at a time
+    and only each query's first-hit rank and average precision are kept, so memory does not grow with the
+    number of queries. ``progress(n)`` is called with the number of queries each block added."""
     from ..compose import Query
+    from ..images import sha256_file
 
     gallery = engine.index.vectors_f32()
     n = len(gallery)
@@ -134,56 +212,78 @@ def evaluate_triplets(engine, triplets: List[Triplet], nqe: int = 8, alpha: floa
     expansions = list(engine.expanders) if expansions is None else expansions
     if "none" in expansions:
         expansions = ["none"] + [e for e in expansions if e != "none"]
-    positives = np.zeros((len(triplets), n), dtype=bool)
-    exclude = np.zeros((len(triplets), n), dtype=bool)
-    feats = []
-    for qi, t in enumerate(triplets):
-        positives[qi, t.targets] = True
-        exclude[qi] = _reference_exclusion(engine, t)
-        feats.append(None if t.reference is None else engine.reference_features(
-            t.reference if isinstance(t.reference, int) else str(t.reference))[1:3])
-    results: Dict[str, Dict[str, Dict[str, float]]] = {}
-    skipped: Dict[str, str] = {}
-    for m in methods:
-        if m not in engine.composers:
-            skipped[m] = engine.unavailable.get(m, "unknown method")
-            continue
-        try:
-            qvecs = []
-            for t, f in zip(triplets, feats):
-                q = Query(text=t.text, alpha=alpha)
-                if f is not None:
-                    q.image_embedding, q.image_tokens, q.has_image = f[0], f[1], True
-                with torch.no_grad():
-                    qvecs.append(engine.composers[m].compose(q).vector.astype(np.float32))
-        except EngineError as exc:
-            skipped[m] = str(exc)
-            continue
-        qv = np.stack(qvecs)
-        results[m] = {}
-        for e in expansions:
-            if e not in engine.expanders:
+    by_sha: Dict[str, List[int]] = {}
+    for it in engine.index.items:
+        by_sha.setdefault(it["sha256"], []).append(int(it["id"]))
+    skipped: Dict[str, str] = {m: engine.unavailable.get(m, "unknown method") for m in methods
+                               if m not in engine.composers}
+    live = [m for m in methods if m in engine.composers]
+    exps = [e for e in expansions if e in engine.expanders]
+    ranks: Dict[tuple, list] = {(m, e): [] for m in live for e in exps}
+    aps: Dict[tuple, list] = {(m, e): [] for m in live for e in exps}
+    block = max(1, min(256, SCORE_BYTES // max(1, n * 4)))
+    total = 0
+    for chunk in _chunks(triplets, block):
+        positives = np.zeros((len(chunk), n), dtype=bool)
+        exclude = np.zeros((len(chunk), n), dtype=bool)
+        feats = []
+        for qi, t in enumerate(chunk):
+            positives[qi, t.targets] = True
+            if isinstance(t.reference, int):
+                exclude[qi, t.reference] = True
+            elif isinstance(t.reference, Path):
+                exclude[qi, by_sha.get(sha256_file(t.reference), [])] = True
+            feats.append(None if t.reference is None else engine.reference_features(
+                t.reference if isinstance(t.reference, int) else str(t.reference))[1:3])
+        for m in list(live):
+            try:
+                qvecs = []
+                for t, f in zip(chunk, feats):
+                    q = Query(text=t.text, alpha=alpha)
+                    if f is not None:
+                        q.image_embedding, q.image_tokens, q.has_image = f[0], f[1], True
+                    with torch.no_grad():
+                        qvecs.append(engine.composers[m].compose(q).vector.astype(np.float32))
+            except EngineError as exc:
+                skipped[m] = str(exc)
+                live.remove(m)
                 continue
-            if e == "none":
-                q2 = qv
-            else:
-                nq = max(1, min(nqe, n))
-                s1, i1 = engine.index.search(qv, nq)
-                rows = []
-                for row, s, i in zip(qv, s1, i1):
-                    ok = i >= 0
-                    rows.append(engine.expanders[e].expand(row, gallery[i[ok]], s[ok]).vector.astype(np.float32))
-                q2 = np.stack(rows)
-            results[m][e] = triplet_metrics(q2 @ gallery.T, positives, exclude)
-            if progress:
-                progress(m, e, results[m][e])
-    return {"queries": len(triplets), "gallery": n, "nqe": nqe, "alpha": alpha,
+            qv = np.stack(qvecs)
+            for e in exps:
+                if e == "none":
+                    q2 = qv
+                else:
+                    nq = max(1, min(nqe, n))
+                    s1, i1 = engine.index.search(qv, nq)
+                    rows = []
+                    for row, s, i in zip(qv, s1, i1):
+                        ok = i >= 0
+                        rows.append(engine.expanders[e].expand(row, gallery[i[ok]], s[ok]).vector.astype(np.float32))
+                    q2 = np.stack(rows)
+                scores = q2 @ gallery.T
+                ranks[(m, e)].append(first_hit_ranks(scores, positives, exclude))
+                aps[(m, e)].append(average_precisions(scores, positives, top_n=MAP_N, denominator="min",
+                                                      exclude=exclude))
+        total += len(chunk)
+        if progress:
+            progress(len(chunk))
+    results: Dict[str, Dict[str, Dict[str, float]]] = {}
+    for m in (live if total else []):
+        results[m] = {}
+        for e in exps:
+            r = np.concatenate(ranks[(m, e)]) if ranks[(m, e)] else np.zeros(0)
+            out = recall_from_ranks(r, KS)
+            a = np.concatenate(aps[(m, e)]) if aps[(m, e)] else np.zeros(0)
+            out[f"mAP@{MAP_N}"] = float(np.nan_to_num(a, nan=0.0).mean() * 100.0) if a.size else 0.0
+            results[m][e] = out
+    return {"queries": total, "gallery": n, "nqe": nqe, "alpha": alpha,
             "backbone": engine.backbone.fingerprint, "methods": results, "skipped": skipped}
 
 
 def format_table(res: dict) -> str:
     cols = [f"R@{k}" for k in KS] + [f"mAP@{MAP_N}"]
-    lines = [f"{res['queries']} queries, gallery {res['gallery']} images, reference excluded, nQE {res['nqe']}",
+    skipped = f" ({res['skipped_lines']} bad lines skipped)" if res.get("skipped_lines") else ""
+    lines = [f"{res['queries']} queries{skipped}, gallery {res['gallery']} images, reference excluded, nQE {res['nqe']}",
              f"{'method':<14}{'expansion':<12}" + "".join(f"{c:>9}" for c in cols)]
     for m, per in res["methods"].items():
         for e, met in per.items():
@@ -217,13 +317,29 @@ def main(argv=None) -> int:
         s = Settings()
         if args.checkpoints:
             s.checkpoints = args.checkpoints
+        lines = count_lines(args.queries)  # also refuses a missing or unreadable file before the engine loads
         engine = open_engine(args.index, settings=s)
-        triplets = read_queries(args.queries, engine.index)
         split = (lambda v: None if v is None else [x.strip() for x in v.split(",") if x.strip()])
-        res = evaluate_triplets(engine, triplets, nqe=args.nqe, alpha=args.alpha,
-                                methods=split(args.methods), expansions=split(args.expansions))
+        from tqdm.auto import tqdm
+
+        bad = []
+
+        def report(sentence: str) -> None:  # one line per bad query line, above the progress bar
+            bad.append(sentence)
+            bar.write(f"skipped: {sentence}", file=sys.stderr)
+            bar.update(1)
+
+        with tqdm(total=lines, desc="queries", unit="line", file=sys.stderr, mininterval=1.0) as bar:
+            stream = iter_queries(args.queries, engine.index, on_error=report)
+            res = evaluate_triplets(engine, stream, nqe=args.nqe, alpha=args.alpha, methods=split(args.methods),
+                                    expansions=split(args.expansions), progress=bar.update)
+        res["skipped_lines"] = len(bad)
+        if not res["queries"]:
+            raise InputError(f"{Path(args.queries).name} holds no valid queries")
     except EngineError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
+    if bad:
+        print(f"{len(bad)} of {lines} lines skipped (each named above)", file=sys.stderr)
     print(json.dumps(res, indent=2) if args.json else format_table(res))
     return 0

@@ -18,14 +18,14 @@ no expansion. ``weight_floor = None`` (older checkpoints) is the paper's raw cos
 on ``d~_i`` predicts whether neighbour i is relevant (auxiliary BCE loss, training only, off by default). The
 same model applied to gallery items gives LAttDBA (see :mod:`engine.expand.dba`).
 
-Checkpoints: ``<name>.safetensors`` (weights) + ``<name>.json`` (config, backbone fingerprint,
-training record), both written atomically. :func:`load_lattqe` refuses a checkpoint made for
-another backbone fingerprint with a :class:`~engine.errors.CheckpointError` naming the file.
+Checkpoints: the one record format of :mod:`engine.checkpoints` (``lattqe-<backbone>.safetensors`` with its
+record in the metadata, ``.json`` sidecar beside it); files of the older format (record only in the sidecar)
+still load. :func:`load_lattqe` refuses a checkpoint made for another backbone fingerprint with a
+:class:`~engine.errors.CheckpointError` naming the file.
 """
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
@@ -38,8 +38,7 @@ from torch import nn
 from ..errors import CheckpointError, InputError
 from .base import EXPANDERS, Expander, ExpanderUnavailable, Expansion, l2n
 from .baselines import check_inputs
-from ..checkpoints import require_backbone, resolve
-from ..fileio import atomic_write_bytes as _atomic_write_bytes
+from ..checkpoints import find, load, make_record, write
 
 
 @dataclass
@@ -165,65 +164,39 @@ def expand_numpy(model: LAttQEModel, query: np.ndarray, neighbours: np.ndarray, 
 
 
 def save_lattqe(model: LAttQEModel, path: Path, fingerprint: str, extra: Optional[Dict[str, Any]] = None) -> Path:
-    """Write ``path`` (.safetensors) and its ``.json`` sidecar atomically; returns the weights path."""
-    from safetensors.torch import save
-
+    """Writes the checkpoint in the one record format (:func:`engine.checkpoints.write`, atomic; ``.json``
+    sidecar beside it). ``extra``: the trainer's figures; ``train`` becomes the recipe, ``val_map`` /
+    ``val_map_none`` / ``val_map_aqe`` the validation scores (and stay as keys, read by the notes below)."""
+    extra = dict(extra or {})
+    recipe = extra.pop("train", None)
+    names = {"val_map": "lattqe", "val_map_none": "none", "val_map_aqe": "aqe"}
+    scores = {names[k]: float(extra[k]) for k in names if k in extra}
+    validation = {"split": "val", "metric": "mAP", "scores": scores} if len(scores) >= 2 else None
     path = Path(path).with_suffix(".safetensors")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
-    meta = {"kind": "lattqe", "fingerprint": fingerprint, "config": json.dumps(asdict(model.config))}
-    _atomic_write_bytes(path, save(state, metadata=meta))
-    record = {
-        "kind": "lattqe",
-        "fingerprint": fingerprint,
-        "embed_dim": model.config.dim,
-        "config": asdict(model.config),
-        "weights": path.name,
-        **(extra or {}),
-    }
-    _atomic_write_bytes(path.with_suffix(".json"), json.dumps(record, indent=1).encode())
-    return path
-
-
-def read_record(json_path: Path) -> Dict[str, Any]:
-    try:
-        record = json.loads(Path(json_path).read_text())
-        if record.get("kind") != "lattqe" or "config" not in record:
-            raise ValueError("not a LAttQE checkpoint record")
-        return record
-    except (OSError, ValueError) as exc:
-        raise CheckpointError(f"{Path(json_path).name}: unreadable LAttQE checkpoint record ({exc})") from exc
+    record = make_record("lattqe", fingerprint, asdict(model.config), recipe, validation,
+                         embed_dim=model.config.dim, weights=path.name, **extra)
+    return write(path, dict(model.state_dict()), record)
 
 
 def load_lattqe(path: Path, fingerprint: Optional[str] = None, device: str = "cpu"
                 ) -> Tuple[LAttQEModel, Dict[str, Any]]:
-    """Load a checkpoint (either file of the pair). Raises CheckpointError naming the file."""
-    from safetensors.torch import load_file
-
-    path = Path(path)
-    wpath, jpath = path.with_suffix(".safetensors"), path.with_suffix(".json")
-    record = read_record(jpath)
-    require_backbone(jpath, record.get("fingerprint"), fingerprint, "python -m engine train lattqe")
+    """Loads a checkpoint (either file of the pair, any format) through :func:`engine.checkpoints.load`;
+    CheckpointError names the file (another backbone, damaged or mismatched weights)."""
+    ck = load("lattqe", Path(path).with_suffix(".safetensors"), fingerprint=fingerprint)
     try:
-        config = LAttQEConfig.from_dict(record["config"])
-        model = LAttQEModel(config)
-        state = load_file(str(wpath))
-        model.load_state_dict(state, strict=True)
-    except Exception as exc:  # damaged / truncated / mismatched file
-        raise CheckpointError(f"{wpath.name}: cannot load LAttQE weights ({exc})") from exc
-    return model.to(device).eval(), record
+        model = LAttQEModel(LAttQEConfig.from_dict(ck.record["config"]))
+        model.load_state_dict(ck.tensors, strict=True)
+    except Exception as exc:  # mismatched file
+        raise CheckpointError(f"{ck.path.name}: cannot load LAttQE weights ({exc})") from exc
+    ck.record.setdefault("weights", ck.path.name)
+    return model.to(device).eval(), ck.record
 
 
 def find_checkpoints(checkpoint_dir, fingerprint: Optional[str] = None, embed_dim: Optional[int] = None
-                     ) -> List[Path]:
-    """Sidecar JSON files of the LAttQE checkpoints on the search path (engine.checkpoints) matching
-    fingerprint / dim, best first by the layer's tie rule (search-path position, then file name)."""
-    def record_of(weights: Path) -> Dict[str, Any]:
-        return read_record(weights.with_suffix(".json"))
-
-    hits = resolve("lattqe*.safetensors", record_of, fingerprint, checkpoint_dir, fingerprint_key="fingerprint",
-                   accept=lambda r: embed_dim is None or int(r.get("embed_dim", -1)) == int(embed_dim))
-    return [p.with_suffix(".json") for p, _ in hits]
+                     ) -> List[Tuple[Path, Dict[str, Any]]]:
+    """[(path, record)] of the LAttQE checkpoints on the search path for ``fingerprint`` / ``embed_dim``, best
+    first by the layer's tie rule (:func:`engine.checkpoints.find`)."""
+    return find("lattqe", fingerprint, checkpoint_dir, dim=embed_dim)
 
 
 # -- the expander ------------------------------------------------------------------------------
@@ -274,7 +247,7 @@ def make_lattqe(embed_dim=None, checkpoint_dir=None, fingerprint=None, **_):
             f"no LAttQE checkpoint for backbone {fingerprint or '?'} ({embed_dim or '?'}-d) in {where}; "
             "train one with `python -m engine train lattqe`"
         )
-    best = hits[0]  # the layer's tie rule, never file mtime
+    best = hits[0][0]  # the layer's tie rule, never file mtime
     try:
         model, record = load_lattqe(best, fingerprint=fingerprint)
     except CheckpointError as exc:

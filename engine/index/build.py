@@ -29,7 +29,8 @@ def index_source(source, out, backbone, index_type: str = "auto", batch_size: in
         raise InputError(f"{source} is neither a folder nor a .zip archive")
     opts = {"checkpoint_dir": settings.checkpoints, "fingerprint": backbone.fingerprint}
     return build_index(source, out, backbone, index_type=index_type, batch_size=batch_size, workers=workers,
-                       progress=progress, max_pixels=settings.max_pixels, vector_options=opts, dba=dba, dba_k=dba_k)
+                       progress=progress, max_pixels=settings.max_pixels,
+                       max_decode_bytes=int(settings.max_decode_mb * 1e6), vector_options=opts, dba=dba, dba_k=dba_k)
 
 
 def precheck_images(folder: Path, settings: Settings) -> None:

@@ -54,7 +54,6 @@ Hamming-ranking metrics in :mod:`engine.eval.metrics`.
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
@@ -65,9 +64,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from ..checkpoints import require_backbone
+from ..checkpoints import load, make_record, write
 from ..errors import CheckpointError, InputError
-from ..fileio import atomic_write_bytes as _atomic_write
 
 SUPPORTED_BITS = (16, 32, 64, 128)
 SMALL_BATCH = 16  # query batches up to this many rows run the hash head without the nn.Module calls
@@ -312,63 +310,42 @@ def checkpoint_path(checkpoint_dir, bits: int, fingerprint: Optional[str] = None
 
 
 def save_ics(model: ICSModel, path, fingerprint: str, extra: Optional[dict] = None) -> Path:
-    """Write ``path`` (.safetensors: head weights + centres) and its ``.json`` sidecar, both atomically."""
-    from safetensors.torch import save
-
+    """Writes the checkpoint (head weights + centres) in the one record format of :mod:`engine.checkpoints`
+    (atomic, ``.json`` sidecar beside it)."""
     path = Path(path).with_suffix(".safetensors")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    state = {f"head.{k}": v.detach().cpu().contiguous() for k, v in model.head.state_dict().items()}
+    state = {f"head.{k}": v for k, v in model.head.state_dict().items()}
     state["centres"] = torch.from_numpy(np.ascontiguousarray(model.centres))
-    config = asdict(model.config)
-    meta = {"kind": "ics", "fingerprint": fingerprint, "config": json.dumps(config)}
-    _atomic_write(path, save(state, metadata=meta))
-    record = {"kind": "ics", "fingerprint": fingerprint, "bits": model.bits, "embed_dim": model.dim,
-              "config": config, "weights": path.name, **model.record, **(extra or {})}
-    _atomic_write(path.with_suffix(".json"), json.dumps(record, indent=1).encode())
+    figures = {**model.record, **(extra or {})}
+    for key in ("kind", "fingerprint", "config", "weights", "bits", "embed_dim"):
+        figures.pop(key, None)
+    recipe = figures.pop("recipe", None) or figures.pop("train", None)
+    validation = figures.pop("validation", None)
+    record = make_record("ics", fingerprint, asdict(model.config), recipe, validation, bits=model.bits,
+                         embed_dim=model.dim, weights=path.name, **figures)
+    write(path, state, record)
     model.fingerprint = fingerprint
     return path
 
 
 def load_ics(path, fingerprint: Optional[str] = None, dim: Optional[int] = None) -> ICSModel:
-    """Load an ICS checkpoint (either file of the pair); CheckpointError names the file on any problem."""
-    from safetensors import safe_open
-    from safetensors.torch import load_file
-
+    """Loads an ICS checkpoint (either file of the pair, any format) through :func:`engine.checkpoints.load`;
+    CheckpointError names the file on any problem."""
     path = Path(path).with_suffix(".safetensors")
     if not path.is_file():
         raise CheckpointError(
             f"no ICS checkpoint {path.name} in {path.parent}; train one with "
-            f"`python -m engine train ics --bits {path.stem.split('-')[-1]}` (see docs/ics.md)"
+            f"`python -m engine train ics --bits {path.stem.split('-')[1] if '-' in path.stem else 64}` (see docs/ics.md)"
         )
+    ck = load("ics", path, fingerprint=fingerprint, dim=dim)
+    if ck.record["config"].get("locality_bits"):
+        raise CheckpointError(f"{path.name}: made by an older version that appended ITQ bits; retrain it with "
+                              f"`python -m engine train ics --bits {ck.record['config'].get('bits')}`")
     try:
-        with safe_open(str(path), framework="pt") as f:
-            meta = f.metadata() or {}
-        if meta.get("kind") != "ics":
-            raise ValueError("not an ICS checkpoint")
-        raw_config = json.loads(meta["config"])
-        if raw_config.get("locality_bits"):
-            raise ValueError("made by an older version that appended ITQ bits; retrain it")
-        config = ICSConfig.from_dict(raw_config)
-        state = load_file(str(path))
-    except Exception as exc:  # damaged, truncated or foreign file
-        raise CheckpointError(f"{path.name}: unreadable ICS checkpoint ({exc})") from None
-    stored_fp = meta.get("fingerprint", "")
-    require_backbone(path, stored_fp, fingerprint, f"python -m engine train ics --bits {config.bits}")
-    if dim is not None and int(config.dim) != int(dim):
-        raise CheckpointError(f"{path.name} expects {config.dim}-d embeddings, the index has {dim}-d")
-    try:
+        config = ICSConfig.from_dict(ck.record["config"])
         head = HashHead(config.dim, config.bits, config.hidden, config.dropout)
-        head.load_state_dict({k[5:]: v for k, v in state.items() if k.startswith("head.")}, strict=True)
-        centres = state["centres"].numpy()
-        model = ICSModel(config, head, centres, fingerprint=stored_fp)
+        head.load_state_dict({k[5:]: v for k, v in ck.tensors.items() if k.startswith("head.")}, strict=True)
+        model = ICSModel(config, head, ck.tensors["centres"].numpy(), fingerprint=ck.record["backbone_fingerprint"])
     except Exception as exc:
         raise CheckpointError(f"{path.name}: ICS weights do not match its config ({exc})") from None
-    record = {}
-    side = path.with_suffix(".json")
-    if side.is_file():
-        try:
-            record = json.loads(side.read_text())
-        except (OSError, ValueError):
-            record = {}
-    model.record = record
+    model.record = ck.record
     return model

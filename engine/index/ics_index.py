@@ -30,7 +30,7 @@ from typing import Optional
 import numpy as np
 
 from ..errors import CheckpointError, IndexLoadError, InputError
-from ..checkpoints import describe_search_path, resolve
+from ..checkpoints import describe_search_path, find
 from .ics import SUPPORTED_BITS, Hasher, load_ics
 from .ics_baselines import LSHHasher
 from .vectors import VECTOR_INDEXES, VectorIndex
@@ -373,31 +373,12 @@ def default_checkpoint_dir() -> Path:
     return Path(Settings().checkpoints)
 
 
-def _ics_record(path: Path) -> dict:
-    """kind / fingerprint / bits / dim from an ICS file's metadata, without loading tensors."""
-    import json
-
-    from safetensors import safe_open
-
-    try:
-        with safe_open(str(path), framework="pt") as f:
-            meta = f.metadata() or {}
-        config = json.loads(meta["config"])
-        if meta.get("kind") != "ics":
-            raise ValueError("not an ICS checkpoint")
-        return {"fingerprint": meta.get("fingerprint", ""), "bits": int(config["bits"]), "dim": int(config["dim"])}
-    except Exception as exc:
-        raise CheckpointError(f"{path.name}: unreadable ICS checkpoint ({exc.__class__.__name__})") from None
-
-
 def find_ics_checkpoints(bits: int, checkpoint_dir=None, fingerprint: Optional[str] = None,
                          dim: Optional[int] = None) -> list:
     """[(path, record)] of the ``bits``-bit ICS heads on the search path (engine.checkpoints) made for
     ``fingerprint`` and ``dim``, best first (search-path position, then file name). Files are named
     ``ics-<K>-<backbone slug>.safetensors``; the older ``ics-<K>.safetensors`` is still read."""
-    return resolve([f"ics-{int(bits)}.safetensors", f"ics-{int(bits)}-*.safetensors"], _ics_record, fingerprint,
-                   checkpoint_dir, fingerprint_key="fingerprint",
-                   accept=lambda r: r["bits"] == int(bits) and (dim is None or r["dim"] == int(dim)))
+    return find("ics", fingerprint, checkpoint_dir, dim=dim, bits=int(bits))
 
 
 def make_ics_index(bits: int, dim: int, n: int = 0, checkpoint_dir=None, fingerprint: Optional[str] = None,
@@ -421,23 +402,6 @@ def make_ics_index(bits: int, dim: int, n: int = 0, checkpoint_dir=None, fingerp
         raise CheckpointError(f"{path.name} holds a {model.bits}-bit hash head, not {bits} bits")
     options.pop("gpu", None)
     return CompactBinaryIndex(dim, model, kind=f"ics-{bits}", rerank=rerank, **options)
-
-
-def exact_top(vectors: np.ndarray, queries: np.ndarray, k: int = 10) -> np.ndarray:
-    """(Q, k) ids of exact inner-product search, the reference for :func:`candidate_recall`."""
-    return np.argsort(-(np.asarray(queries, np.float32) @ np.asarray(vectors, np.float32).T), axis=1,
-                      kind="stable")[:, :k]
-
-
-def candidate_recall(hasher: Hasher, vectors: np.ndarray, queries: np.ndarray, rerank: int, k: int = 10,
-                     exact: Optional[np.ndarray] = None) -> float:
-    """recall@k of the compact index (Hamming top-``rerank``, then float re-rank) over ``vectors`` against
-    exact search (``exact``: precomputed :func:`exact_top` ids, to share them between hashers)."""
-    exact = exact_top(vectors, queries, k) if exact is None else exact
-    idx = CompactBinaryIndex(vectors.shape[1], hasher, kind=getattr(hasher, "name", "codes"), rerank=rerank)
-    idx.build(vectors)
-    ids = idx.search(queries, k)[1]
-    return float(np.mean([len(set(a) & set(b)) / k for a, b in zip(ids, exact)]))
 
 
 def available_ics_types(checkpoint_dir=None, fingerprint: Optional[str] = None, dim: Optional[int] = None) -> list:

@@ -19,8 +19,9 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from ..errors import InputError
-from ..images import load_image, sha256_file
+from ..images import DEFAULT_MAX_DECODE_BYTES, load_image, sha256_file
 from ..fileio import atomic_write_bytes
+from .shards import cache_folder, read_shards, write_shard  # noqa: F401  (engine.data.features uses them too)
 from .store import GalleryIndex
 from .walk import find_images, load_captions
 
@@ -33,27 +34,26 @@ Progress = Optional[Callable[[int, int, str], None]]
 class DecodeDataset(Dataset):
     """Reads, decodes and preprocesses one image; writes its thumbnail. Runs in DataLoader workers."""
 
-    def __init__(self, root: Path, rel_paths: List[str], hashes: List[str], preprocess, thumbs: Path, max_pixels):
+    def __init__(self, root: Path, rel_paths: List[str], hashes: List[str], preprocess, thumbs: Path, max_pixels,
+                 max_decode_bytes: int = DEFAULT_MAX_DECODE_BYTES):
         self.root, self.rel, self.hashes = Path(root), rel_paths, hashes
         self.preprocess, self.thumbs, self.max_pixels = preprocess, thumbs, max_pixels
+        self.max_decode_bytes = max_decode_bytes
 
     def __len__(self):
         return len(self.rel)
 
     def __getitem__(self, i):
         try:
-            img = load_image(self.root / self.rel[i], max_pixels=self.max_pixels)
+            img = load_image(self.root / self.rel[i], max_pixels=self.max_pixels, max_decode_bytes=self.max_decode_bytes)
         except InputError as exc:
             return {"i": i, "ok": False, "error": str(exc)}
         thumb = self.thumbs / (self.hashes[i][:20] + ".jpg") if self.thumbs is not None else None
         if thumb is not None and not thumb.exists():
-            t = img.copy()
-            t.thumbnail((THUMB_SIZE, THUMB_SIZE))
-            import io
-
-            buf = io.BytesIO()
-            t.save(buf, "JPEG", quality=85)
-            atomic_write_bytes(thumb, buf.getvalue())
+            try:
+                atomic_write_bytes(thumb, thumbnail_bytes(img))
+            except OSError:  # a full disk in a worker: the main process rebuilds missing thumbnails and reports it
+                pass
         return {"i": i, "ok": True, "pixels": self.preprocess(img), "size": list(img.size)}
 
 
@@ -67,34 +67,7 @@ def _collate(batch):
     }
 
 
-# -- stage: embedding cache shards ------------------------------------------------------------
-def cache_folder(out: Path, fingerprint: str) -> Path:
-    return Path(out) / "cache" / hashlib.sha256(fingerprint.encode()).hexdigest()[:16]
-
-
-def read_shards(folder: Path) -> Dict[str, Tuple[np.ndarray, list]]:
-    """{sha256: (embedding float16, [w, h])} from every intact shard; damaged shards are ignored."""
-    found: Dict[str, Tuple[np.ndarray, list]] = {}
-    for shard in sorted(Path(folder).glob("shard-*.npz")):
-        try:
-            with np.load(shard, allow_pickle=False) as z:
-                for h, e, s in zip(z["hashes"], z["embeddings"], z["sizes"]):
-                    found[str(h)] = (e, [int(s[0]), int(s[1])])
-        except Exception as exc:  # a shard cut short by a crash: re-embed its files
-            log.warning("ignoring damaged cache shard %s (%s)", shard.name, exc)
-    return found
-
-
-def write_shard(folder: Path, hashes: List[str], embeddings: np.ndarray, sizes: List[list]) -> None:
-    import io
-
-    folder.mkdir(parents=True, exist_ok=True)
-    buf = io.BytesIO()
-    np.savez(buf, hashes=np.array(hashes), embeddings=embeddings.astype(np.float16), sizes=np.array(sizes))
-    name = f"shard-{time.time_ns()}-{os.getpid()}.npz"
-    atomic_write_bytes(folder / name, buf.getvalue())
-
-
+# -- stage: embedding cache shards: engine/index/shards.py ----------------------------------------
 # -- the single-machine runner ------------------------------------------------------------------
 def build_index(
     source,
@@ -106,6 +79,7 @@ def build_index(
     shard_every: int = 4,
     progress: Progress = None,
     max_pixels: int = 40_000_000,
+    max_decode_bytes: int = DEFAULT_MAX_DECODE_BYTES,
     vector_options: Optional[dict] = None,
     dba: Optional[str] = None,
     dba_k: int = 16,
@@ -132,7 +106,7 @@ def build_index(
     failed: Dict[int, str] = {}
     if todo:
         ds = DecodeDataset(source, [rel[i] for i in todo], [hashes[i] for i in todo], backbone.preprocess,
-                           thumbs, max_pixels)
+                           thumbs, max_pixels, max_decode_bytes)
         if workers is None:
             workers = min(2, os.cpu_count() or 1)
         loader = DataLoader(ds, batch_size=batch_size, num_workers=workers, collate_fn=_collate,
@@ -170,7 +144,73 @@ def build_index(
                            vector_options=vector_options, dba=dba, dba_k=dba_k, progress=progress,
                            progress_total=len(todo))
     compact_cache(cache, {it["sha256"] for it in index.items})
+    repair_thumbnails(source, thumbs, index.items, max_pixels, max_decode_bytes)
     return index
+
+
+# -- stage: thumbnails, checksummed ---------------------------------------------------------------
+THUMB_SUMS = "checksums.json"
+
+
+def thumbnail_bytes(img) -> bytes:
+    import io
+
+    t = img.copy()
+    t.thumbnail((THUMB_SIZE, THUMB_SIZE))
+    buf = io.BytesIO()
+    t.save(buf, "JPEG", quality=85)
+    return buf.getvalue()
+
+
+def repair_thumbnails(source: Path, thumbs: Path, items: List[dict], max_pixels: int = 40_000_000,
+                      max_decode_bytes: int = DEFAULT_MAX_DECODE_BYTES) -> int:
+    """Check every item's thumbnail against the SHA-256 recorded in ``thumbs/checksums.json`` and rebuild
+    the damaged or missing ones from their source image (a thumbnail met for the first time is recorded when
+    it decodes). Returns how many were rebuilt."""
+    import json
+
+    from PIL import Image
+
+    from ..fileio import atomic_write_text
+
+    sums_path = thumbs / THUMB_SUMS
+    try:
+        sums = json.loads(sums_path.read_text(encoding="utf-8"))
+        sums = sums if isinstance(sums, dict) else {}
+    except (OSError, ValueError):
+        sums = {}
+    fresh: Dict[str, str] = {}
+    rebuilt = 0
+    for it in items:
+        name = it["sha256"][:20] + ".jpg"
+        path = thumbs / name
+        ok = False
+        if path.is_file():
+            digest = sha256_file(path)
+            if name in sums:
+                ok = digest == sums[name]
+            else:  # written by this run's decoders (or an index made before checksums): keep it if it decodes
+                try:
+                    with Image.open(path) as im:
+                        im.load()
+                    ok = True
+                except Exception:
+                    ok = False
+        if not ok:
+            try:
+                data = thumbnail_bytes(load_image(source / it["path"], max_pixels=max_pixels,
+                                                  max_decode_bytes=max_decode_bytes))
+            except (InputError, OSError):
+                continue  # its source is gone or unreadable: the page falls back to the source image
+            atomic_write_bytes(path, data)
+            digest = hashlib.sha256(data).hexdigest()
+            rebuilt += 1
+        fresh[name] = digest
+    if rebuilt or fresh != sums:
+        atomic_write_text(sums_path, json.dumps(fresh, sort_keys=True))
+    if rebuilt:
+        log.warning("rebuilt %d damaged or missing thumbnails", rebuilt)
+    return rebuilt
 
 
 # -- stage: assemble (shared by every runner) -------------------------------------------------------

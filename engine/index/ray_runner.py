@@ -20,7 +20,6 @@ Ray is an optional dependency (``requirements-scale.txt``); it is imported only 
 from __future__ import annotations
 
 import hashlib
-import io
 import logging
 import os
 import time
@@ -29,8 +28,10 @@ from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
+from ..config import child_environment
 from ..errors import InputError
-from ..fileio import atomic_write_bytes
+from . import shards
+from .shards import read_shard_file, write_shard_file
 from .walk import find_images, load_captions
 
 log = logging.getLogger(__name__)
@@ -109,26 +110,7 @@ def plan_shards(rel: List[str], fingerprint: str, shard_size: int) -> List[dict]
 
 
 def shard_folder(out: Path, fingerprint: str) -> Path:
-    return Path(out) / "ray-shards" / hashlib.sha256(fingerprint.encode()).hexdigest()[:16]
-
-
-def read_shard_file(path: Path) -> Optional[dict]:
-    """The contents of one shard file, or None when it is missing or damaged (then it is recomputed)."""
-    try:
-        with np.load(path, allow_pickle=False) as z:
-            return {k: z[k] for k in ("paths", "hashes", "embeddings", "sizes", "bytes", "failed", "reasons")}
-    except Exception:
-        return None
-
-
-# -- writer ------------------------------------------------------------------------------------------
-def write_shard_file(path: Path, paths, hashes, embeddings, sizes, nbytes, failed, reasons) -> None:
-    buf = io.BytesIO()
-    np.savez(buf, paths=np.array(paths, dtype=str), hashes=np.array(hashes, dtype=str),
-             embeddings=np.asarray(embeddings, dtype=np.float16), sizes=np.array(sizes, dtype=np.int64).reshape(-1, 2),
-             bytes=np.array(nbytes, dtype=np.int64), failed=np.array(failed, dtype=str),
-             reasons=np.array(reasons, dtype=str))
-    atomic_write_bytes(path, buf.getvalue())
+    return shards.shard_folder(out, fingerprint, "ray-shards")
 
 
 # -- mapper (one per Ray actor) ------------------------------------------------------------------------
@@ -177,9 +159,10 @@ class ShardEmbedder:
                 ok_idx += batch["i"]
                 sizes += batch["size"]
         dim = int(self.backbone.embed_dim)
-        write_shard_file(self.folder / f"shard-{shard_id}.npz", [keep[i] for i in ok_idx],
-                         [hashes[i] for i in ok_idx], np.concatenate(embs) if embs else np.zeros((0, dim)),
-                         sizes, [nbytes[i] for i in ok_idx], failed, reasons)
+        write_shard_file(self.folder / f"shard-{shard_id}.npz", [hashes[i] for i in ok_idx],
+                         np.concatenate(embs) if embs else np.zeros((0, dim)), sizes,
+                         paths=[keep[i] for i in ok_idx], nbytes=[nbytes[i] for i in ok_idx], failed=failed,
+                         reasons=reasons)
         return len(paths)
 
     def __call__(self, batch: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
@@ -194,7 +177,7 @@ class ShardEmbedder:
 def _runtime_env() -> dict:
     """Workers import this package from the driver's copy, and see the same settings."""
     pkg = Path(__file__).resolve().parents[1]
-    env = {k: v for k, v in os.environ.items() if k.startswith(("CIS_", "HF_")) or k in ("XDG_CACHE_HOME",)}
+    env = child_environment(only_prefixes=("CIS_", "HF_", "XDG_CACHE_HOME"))
     return {"py_modules": [str(pkg)], "excludes": ["__pycache__", "*.pyc"], "env_vars": env}
 
 
@@ -261,11 +244,11 @@ def build_index_ray(source, out, backbone, settings=None, address: Optional[str]
         got = read_shard_file(folder / f"shard-{s['shard_id']}.npz")
         if got is None:
             raise InputError(f"shard {s['shard_id']} was not written; rerun the same command to resume")
-        for p, h, e, sz, b in zip(got["paths"], got["hashes"], got["embeddings"], got["sizes"], got["bytes"]):
+        for p, h, e, sz, b in zip(got.paths, got.hashes, got.embeddings, got.sizes, got.bytes):
             by_path[str(p)] = str(h)
             known[str(h)] = (e, [int(sz[0]), int(sz[1])])
             nbytes[str(p)] = int(b)
-        for p, why in zip(got["failed"], got["reasons"]):
+        for p, why in zip(got.failed, got.reasons):
             failed_paths[str(p)] = str(why)
     hashes = [by_path.get(r) for r in rel]
     failed = {i: failed_paths[r] for i, r in enumerate(rel) if r in failed_paths and r not in by_path}

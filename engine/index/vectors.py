@@ -1,13 +1,13 @@
 """FAISS vector indexes behind one small interface: exact, HNSW, IVF; GPU when CUDA FAISS is present."""
 from __future__ import annotations
 
-import os
 from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Tuple
 
 import numpy as np
 
+from ..config import Settings
 from ..errors import IndexLoadError
 from ..registry import Registry
 
@@ -278,7 +278,7 @@ class IVFPQIndex(_FaissIndex):
         self.vectors16 = np.zeros((0, dim), np.float16)
 
     def _set_params(self, n: int) -> None:
-        budget = self.options.get("memory_budget") or os.environ.get(BUDGET_ENV) or None
+        budget = self.options.get("memory_budget") or Settings().index_memory_budget or None
         self.params = ivfpq_params(n, self.dim, budget, self.options.get("rerank"))
         for key in ("nlist", "m", "nprobe", "train_size"):
             if self.options.get(key):

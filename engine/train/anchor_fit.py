@@ -141,7 +141,7 @@ def bank_inputs(part: str) -> tuple:
         from .context_i2w import load_pairs
 
         pairs = load_pairs("captions+recoloured", "train")
-        return sorted({p.caption for p in pairs}), sorted({str(p.image) for p in pairs})
+        return sorted({p.caption for p in pairs}), sorted({str(p.path) for p in pairs})
     raise ValueError(f"no anchor for {part!r}")
 
 

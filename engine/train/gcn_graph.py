@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 import warnings
 from dataclasses import dataclass
-from typing import Dict, Iterable, List, Optional
+from typing import Dict, Iterable, List, Optional, Tuple
 
 import torch
 import torch.nn as nn
@@ -100,50 +100,35 @@ def _blocks(n: int, block: int) -> Iterable[slice]:
 
 
 @torch.no_grad()
-def build_graph(
-    features: torch.Tensor,
-    density: float = 0.15,
-    p: float = 0.33,
-    block: int = 1024,
-    bins: int = 4096,
-    progress: bool = False,
-) -> CorrelationGraph:
-    """Builds the RTIC correlation graph from node features (N, D) (the stage-1 target features).
+def _sim_block(f: torch.Tensor, sl: slice) -> torch.Tensor:
+    """Cosines of rows ``sl`` against every node; the diagonal is marked 2.0 (cosines are <= 1)."""
+    sim = f[sl] @ f.T
+    idx = torch.arange(sl.start, sl.stop)
+    sim[idx - sl.start, idx] = 2.0
+    return sim
 
-    Peak memory is about the final CSR (8 bytes per kept edge) plus one block of similarities.
-    """
-    f = F.normalize(features.detach().float().cpu(), dim=1)
-    n = f.shape[0]
-    if n < 2:
-        raise ValueError("the graph needs at least 2 nodes")
-    k = _k_edges(n, density)
+
+def _bracket(f: torch.Tensor, k: int, block: int, bins: int, bar) -> Tuple[float, float]:
+    """Pass 1: a histogram of the off-diagonal similarities -> (lower, upper) bounds around the k-th largest."""
     lo_edge, hi_edge = -1.0 - 1e-3, 1.0 + 1e-3
     width = (hi_edge - lo_edge) / bins
-    bar = _bar(progress, 2 * math.ceil(n / block), "graph")
-
-    def sim_block(sl: slice) -> torch.Tensor:
-        sim = f[sl] @ f.T
-        idx = torch.arange(sl.start, sl.stop)
-        sim[idx - sl.start, idx] = 2.0  # marks the diagonal (cosines are <= 1)
-        return sim
-
-    # pass 1: histogram of off-diagonal similarities -> bin that holds the k-th largest value
     hist = torch.zeros(bins, dtype=torch.float64)
-    for sl in _blocks(n, block):
-        sim = sim_block(sl)
-        hist += torch.histc(sim, bins=bins, min=lo_edge, max=hi_edge).double()  # 2.0 is out of range
+    for sl in _blocks(f.shape[0], block):
+        hist += torch.histc(_sim_block(f, sl), bins=bins, min=lo_edge, max=hi_edge).double()  # 2.0 is out of range
         bar.update(1)
     above = torch.flip(torch.cumsum(torch.flip(hist, [0]), 0), [0])  # above[b] = count in bins >= b
     b = int((above >= k).nonzero().max())
-    bound = lo_edge + (b - 2) * width  # margins absorb rounding at the bin edges
-    bound_hi = lo_edge + (b + 3) * width
+    return lo_edge + (b - 2) * width, lo_edge + (b + 3) * width  # margins absorb rounding at the bin edges
 
-    # pass 2: keep entries >= bound (diagonal included) as CSR pieces; gather the boundary values
+
+def _candidates(f: torch.Tensor, k: int, block: int, bound: float, bound_hi: float, bar) -> Tuple[list, float]:
+    """Pass 2: entries >= ``bound`` (diagonal included) as CSR pieces per block, and the exact threshold tau
+    (the k-th largest off-diagonal similarity)."""
     pieces = []
     boundary: List[torch.Tensor] = []
     count_hi = 0
-    for sl in _blocks(n, block):
-        sim = sim_block(sl)
+    for sl in _blocks(f.shape[0], block):
+        sim = _sim_block(f, sl)
         keep = sim >= bound
         r, c = keep.nonzero(as_tuple=True)  # row-major: columns ascending within a row
         vals = sim[r, c]
@@ -153,17 +138,19 @@ def build_graph(
         pieces.append((sl, keep.sum(1), c.to(torch.int32), vals))
         del sim, keep, r
         bar.update(1)
-    bar.close()
     cand = torch.cat(boundary)
     if count_hi < k <= count_hi + cand.numel():
         tau = float(torch.kthvalue(-cand, k - count_hi).values.neg())
     else:  # histogram bracket missed (should not happen): exact selection over every kept value
         allv = torch.cat([v[v < 1.5] for _, _, _, v in pieces])
         tau = float(torch.kthvalue(-allv, k).values.neg())
-    del cand, boundary
+    return pieces, tau
 
-    # binarise (>= tau), re-weight, normalise -- block by block, in place of the candidates
-    # Â_ii = 1 / d_i; Â_ij = (p / n_i) / sqrt(d_i d_j) = (p / n_i) / (1 + p) for an edge (both ends have n > 0)
+
+def _normalised(pieces: list, n: int, tau: float, p: float):
+    """Pass 3: binarise (>= tau), re-weight, normalise, block by block in place of the candidates:
+    Â_ii = 1 / d_i; Â_ij = (p / n_i) / sqrt(d_i d_j) = (p / n_i) / (1 + p) for an edge (both ends have n > 0).
+    Returns (crow, col, values, degree)."""
     degree = torch.zeros(n, dtype=torch.int64)
     cols: List[torch.Tensor] = []
     values: List[torch.Tensor] = []
@@ -185,25 +172,32 @@ def build_graph(
     crow[1:] = torch.cumsum(degree + 1, 0)
     if col.numel() >= 2**31 - 1:
         col = col.to(torch.int64)
-    return CorrelationGraph(n=n, crow=crow, col=col, values=torch.cat(values), tau=tau, degree=degree,
-                            density=density, p=p)
+    return crow, col, torch.cat(values), degree
 
 
-def build_graph_dense(features: torch.Tensor, density: float = 0.15, p: float = 0.33) -> Dict[str, torch.Tensor]:
-    """Reference implementation with dense matrices (small N only): returns C, A (with I), A', Â."""
-    f = F.normalize(features.detach().double(), dim=1)
+def build_graph(
+    features: torch.Tensor,
+    density: float = 0.15,
+    p: float = 0.33,
+    block: int = 1024,
+    bins: int = 4096,
+    progress: bool = False,
+) -> CorrelationGraph:
+    """Builds the RTIC correlation graph from node features (N, D) (the stage-1 target features).
+
+    Peak memory is about the final CSR (8 bytes per kept edge) plus one block of similarities.
+    """
+    f = F.normalize(features.detach().float().cpu(), dim=1)
     n = f.shape[0]
-    c = f @ f.T
-    off = c[~torch.eye(n, dtype=torch.bool)]
-    tau = torch.sort(off, descending=True).values[_k_edges(n, density) - 1]
-    a = (c >= tau).double()
-    a.fill_diagonal_(0)
-    deg = a.sum(1)
-    aw = p * a / deg.clamp(min=1)[:, None]
-    aw.fill_diagonal_(1.0)
-    dinv = aw.sum(1).rsqrt()
-    a_hat = dinv[:, None] * aw * dinv[None, :]
-    return {"C": c, "A": a + torch.eye(n, dtype=torch.float64), "A_reweighted": aw, "A_hat": a_hat, "tau": tau}
+    if n < 2:
+        raise ValueError("the graph needs at least 2 nodes")
+    k = _k_edges(n, density)
+    bar = _bar(progress, 2 * math.ceil(n / block), "graph")
+    bound, bound_hi = _bracket(f, k, block, bins, bar)
+    pieces, tau = _candidates(f, k, block, bound, bound_hi, bar)
+    bar.close()
+    crow, col, values, degree = _normalised(pieces, n, tau, p)
+    return CorrelationGraph(n=n, crow=crow, col=col, values=values, tau=tau, degree=degree, density=density, p=p)
 
 
 class _Propagate(torch.autograd.Function):

@@ -33,7 +33,7 @@ import torch
 from torch.nn import functional as F
 
 from ..errors import InputError
-from ..eval.metrics import map_at_n
+from ..eval.metrics import approximate_recall, exact_top_ids, map_at_n
 from ..index.ics import (
     SUPPORTED_BITS,
     HashHead,
@@ -47,6 +47,7 @@ from ..index.ics import (
     save_ics,
 )
 from ..index.ics_baselines import ITQHasher, LSHHasher
+from ..index.ics_index import CompactBinaryIndex
 from .budget import another_epoch_fits
 
 
@@ -383,6 +384,17 @@ def split_holdout(n: int, holdout: float, seed: int) -> Tuple[np.ndarray, np.nda
     return perm[n_eval:], perm[:n_q], perm[n_q:n_eval]
 
 
+def candidate_recall(hasher, vectors: np.ndarray, queries: np.ndarray, rerank: int, k: int = 10,
+                     exact: Optional[np.ndarray] = None) -> float:
+    """recall@k of the compact index (Hamming top-``rerank``, then float re-rank) over ``vectors`` against
+    exact search (``exact``: precomputed :func:`engine.eval.metrics.exact_top_ids` ids, to share them between hashers)."""
+    exact = exact_top_ids(vectors, queries, k) if exact is None else exact
+    idx = CompactBinaryIndex(vectors.shape[1], hasher, kind=getattr(hasher, "name", "codes"), rerank=rerank)
+    idx.build(vectors)
+    ids = idx.search(queries, k)[1]
+    return approximate_recall(ids, exact)
+
+
 def evaluate_codes(model, train_x, q_x, q_y, db_x, db_y, top: int, seed: int = 0) -> dict:
     """Held-out figures of the model's codes, LSH and ITQ of the same length, and float ranking:
 
@@ -390,15 +402,13 @@ def evaluate_codes(model, train_x, q_x, q_y, db_x, db_y, top: int, seed: int = 0
     * ``recall10_*``: recall@10 of the compact index (Hamming top-``rerank`` then exact re-rank) against
       exact float search, queries against every non-query item (train + db), ``rerank`` = 5% of them.
     """
-    from ..index.ics_index import candidate_recall, exact_top
-
     bits = model.bits
     res = {"map_float": map_at_n(q_y, db_y, top, query_vectors=q_x, db_vectors=db_x), "top": top}
     hashers = {"ics": model, "lsh": LSHHasher(q_x.shape[1], bits, seed)}
     if bits <= train_x.shape[1] and len(train_x) >= bits:
         hashers["itq"] = ITQHasher(train_x, bits, seed=seed)
     gallery = np.concatenate([train_x, db_x]).astype(np.float32)
-    exact = exact_top(gallery, q_x)
+    exact = exact_top_ids(gallery, q_x)
     res["rerank"] = max(10, int(np.ceil(0.05 * len(gallery))))
     for name, h in hashers.items():
         res[f"map_{name}"] = map_at_n(q_y, db_y, top, query_codes=h.encode(q_x), db_codes=h.encode(db_x), bits=bits)

@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import time
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
@@ -38,6 +37,7 @@ import torch
 import torch.nn.functional as F
 
 from ..compose.rtic import RTIC, RTICConfig, checkpoint_name, count_parameters, save_checkpoint
+from ..config import Settings
 from ..data.cir_triplets import TripletSet
 from ..errors import CheckpointError, InputError
 from ..eval.metrics import first_hit_ranks, recall_from_ranks
@@ -500,7 +500,7 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--categories", default="dress,shirt,toptee", help="fashioniq categories")
     ap.add_argument("--train-split", default="train")
     ap.add_argument("--eval-split", default="test", help="held-out split for the final report ('' = none)")
-    ap.add_argument("--backbone", default=os.environ.get("CIS_BACKBONE", "auto"))
+    ap.add_argument("--backbone", default=Settings().backbone)
     ap.add_argument("--device", default="auto")
     ap.add_argument("--out", default=None, help="checkpoint folder (default: CIS_CHECKPOINTS / assets/checkpoints)")
     ap.add_argument("--run-dir", default=None, help="resume state and history (default runs/rtic/<data>-<backbone>)")

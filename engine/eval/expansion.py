@@ -1,11 +1,10 @@
-"""Query-expansion sections of `python -m engine eval offline` and `python -m engine bench`."""
+"""Query-expansion section of `python -m engine eval offline`: mAP vs nQE on held-out classes."""
 from __future__ import annotations
 
-import numpy as np
 
 
 def _lattqe_model(backbone, settings):
-    from . import EXPANDERS, ExpanderUnavailable
+    from ..expand import EXPANDERS, ExpanderUnavailable
 
     try:
         return EXPANDERS.get("lattqe")(embed_dim=backbone.embed_dim, checkpoint_dir=settings.checkpoints,
@@ -36,24 +35,3 @@ def offline_section(args, ctx):
     lines.append("Methods that beat no expansion at their best nQE: " + (", ".join(beats) if beats else "none") + ".")
     return "\n".join(lines), {"none": res["none"], "curves": res["curves"]}
 
-
-def bench_section(args, ctx):
-    """Added latency per query of each expander at k = 64 for 512-d embeddings, share of a whole query."""
-    from ..search import search
-    from ..train.lattqe import bench_expanders
-
-    eng = ctx["engine"]
-    times = []
-    for i in range(10):
-        times.append(search(eng, image=i, text="the same but red", method="sum").timings_ms["total"])
-    e2e = float(np.median(times))
-    res = bench_expanders(dim=512, k=64, n_gallery=10000, n_queries=100, end_to_end_ms=e2e)
-    rows = [f"| {name} | {r['expand_ms']:.2f} | {r['second_search_ms']:.2f} | {r['added_ms']:.2f} | "
-            f"{100 * r.get('share', float('nan')):.1f}% | {r['batched_qps']:.0f} |" for name, r in res.items()]
-    md = "\n".join([
-        f"512-d synthetic gallery of 10,000, nQE = 64, 100 queries; share = added / (end-to-end query without "
-        f"expansion on the bundled gallery, p50 {e2e:.1f} ms, + added). Target for LAttQE: at most 20%. "
-        "The paper reports about 250 queries/s for LAttQE on a Tesla M40 GPU.", "",
-        "| expander | expand ms | second search ms | added ms | share of query | batched queries/s |",
-        "|---|---|---|---|---|---|", *rows])
-    return md, res

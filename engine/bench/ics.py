@@ -13,7 +13,7 @@
    Hamming scan on ``threads`` cores, everything else on one) vs an exact float scan (FAISS
    ``IndexFlatIP``, one thread), and ics-64's stages measured alone beside it (its limit rows).
 
-``bench_section(args, ctx)`` is the hook of ``python -m engine bench`` (section ``ics``); it returns
+``section_ics(args, ctx)`` is the hook of ``python -m engine bench`` (section ``ics``); it returns
 (markdown, figures) and writes the mAP plot ``docs/ics_map.png``.
 """
 from __future__ import annotations
@@ -24,12 +24,13 @@ from typing import Dict, Optional, Sequence
 
 import numpy as np
 
-from ..bench import load_average
-from ..eval.metrics import map_at_n
-from ..train.ics import train_ics
-from .ics import ICSConfig, labels_to_matrix
-from .ics_baselines import ITQHasher, LSHHasher
-from .ics_index import CompactBinaryIndex, candidate_recall, exact_top
+from ..eval.metrics import approximate_recall, exact_top_ids, map_at_n
+from ..index.ics import ICSConfig, labels_to_matrix
+from ..index.ics_baselines import ITQHasher, LSHHasher
+from ..index.ics_index import CompactBinaryIndex
+from ..sysinfo import load_average
+from ..train.ics import candidate_recall, train_ics
+from .base import SECTIONS
 
 
 def fashion_mnist_features(pca: int = 128, seed: int = 0):
@@ -77,7 +78,7 @@ def map_table(name: str, train_x, train_y, q_x, q_y, db_x, db_y, bits_list: Sequ
 def recall_table(x: np.ndarray, queries: np.ndarray, rerank: int, hashers: Dict) -> Dict:
     """recall@10 of Hamming top-``rerank`` + exact re-rank vs exact float search over all of ``x``."""
     out = {"items": int(len(x)), "rerank": rerank, "rows": {}}
-    exact = exact_top(x, queries)
+    exact = exact_top_ids(x, queries)
     for name, h in hashers.items():
         out["rows"][name] = {"bytes": h.bits / 8, "recall@10": candidate_recall(h, x, queries, rerank, exact=exact)}
     return out
@@ -189,7 +190,7 @@ def million_table(n: int = 1_000_000, dim: int = 512, queries: int = 100, rerank
             passes = _pass_ms(lambda row: idx.search(row[None], 10), q)
             ms = min(passes)
             out.setdefault("load", {})[name] = load_average(3)
-            recall = float(np.mean([len(set(a) & set(b)) / 10 for a, b in zip(ids, exact)]))
+            recall = approximate_recall(ids, exact)
             out["rows"][name] = {"bytes": idx.bytes_per_item(), "bytes_with_rerank": idx.bytes_per_item() + 2 * dim,
                                  "ms": ms, "ms_median": float(np.median(passes)), "speedup": float_ms / ms,
                                  "recall@10": recall, "build_s": build_s}
@@ -205,10 +206,6 @@ def million_table(n: int = 1_000_000, dim: int = 512, queries: int = 100, rerank
 IVF_NPROBES = (8, 16, 32, 64)
 IVF_RERANKS = (1.0, 1.5)  # R tried, as multiples of the exhaustive index's R
 IVF_MARGIN = 0.005  # a setting qualifies when its validation recall@10 is at least the target plus this
-
-
-def _recall(ids, exact) -> float:
-    return float(np.mean([len(set(a) & set(b)) / 10 for a, b in zip(ids, exact)]))
 
 
 def ivf_rows(flat_idx: CompactBinaryIndex, q, exact, qv, exact_v, threads: int = 1) -> Dict:
@@ -230,7 +227,7 @@ def ivf_rows(flat_idx: CompactBinaryIndex, q, exact, qv, exact_v, threads: int =
         for nprobe in IVF_NPROBES:
             idx.rerank, idx.index.nprobe = rerank, nprobe
             ids = np.concatenate([one(row)[1] for row in qv])
-            curve.append({"rerank": rerank, "nprobe": nprobe, "recall@10": _recall(ids, exact_v),
+            curve.append({"rerank": rerank, "nprobe": nprobe, "recall@10": approximate_recall(ids, exact_v),
                           "ms": min(_pass_ms(one, qv, 2))})
     ok = [c for c in curve if c["recall@10"] >= ICS_RECALL_TARGET + IVF_MARGIN]
     chosen = ok[0] if ok else curve[-1]
@@ -240,7 +237,7 @@ def ivf_rows(flat_idx: CompactBinaryIndex, q, exact, qv, exact_v, threads: int =
     qcodes = [idx.hasher.encode(r[None]) for r in q]
     return {"nlist": int(idx.index.nlist), "nprobe": chosen["nprobe"], "rerank": chosen["rerank"], "build_s": build_s,
             "validation": curve, "qualified": bool(ok), "ms": min(passes), "ms_median": float(np.median(passes)),
-            "recall@10": _recall(ids, exact),
+            "recall@10": approximate_recall(ids, exact),
             "probe_ms": min(_pass_ms(lambda c: idx.index.search(c, idx.rerank), qcodes)), "load": load_average(3)}
 
 
@@ -402,7 +399,8 @@ def plot_maps(fig: Dict, path: Path) -> Path:
     return path
 
 
-def bench_section(args, ctx):
+@SECTIONS.register("ics")
+def section_ics(args, ctx):
     """``python -m engine bench --only ics``: markdown + figures; also writes docs/ics_map.png."""
     from ..config import ROOT
 

@@ -1,0 +1,202 @@
+"""The house rules a newcomer relies on, checked from the source: import layers (tools/layers.py), one
+reader of the environment (engine/config.py), and modules / functions small enough to read."""
+import ast
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tools"))
+
+import layers  # noqa: E402
+
+SOURCES = sorted((ROOT / "engine").rglob("*.py")) + sorted((ROOT / "demo").rglob("*.py")) + [ROOT / "app.py"]
+
+
+def _rel(path: Path) -> str:
+    return path.relative_to(ROOT).as_posix()
+
+
+# -- import layers ----------------------------------------------------------------------------------------
+
+
+def test_layers_tool_prints_the_layers_and_passes():
+    out = subprocess.run([sys.executable, str(ROOT / "tools" / "layers.py")], capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "layer 0: foundation" in out.stdout and "search [runtime] ->" in out.stdout
+    assert out.stdout.rstrip().endswith("layers OK")
+
+
+def _project(tmp_path: Path, files: dict) -> Path:
+    for name, text in {"engine/__init__.py": "", "engine/config.py": "", **files}.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    return tmp_path
+
+
+@pytest.mark.parametrize("text", ["from ..train.ics import x\n", "def f():\n    from ..bench import SECTIONS\n",
+                                  "import engine.loadtest\n", "from engine import eval\n"])
+def test_runtime_import_of_offline_code_is_forbidden(tmp_path, text):
+    root = _project(tmp_path, {"engine/index/__init__.py": "", "engine/index/store.py": text})
+    graph, problems = layers.check(root)
+    assert len(problems) == 1 and "engine/index/store.py" in problems[0], problems
+
+
+def test_upward_import_and_unknown_unit_are_forbidden(tmp_path):
+    root = _project(tmp_path, {"engine/errors.py": "from .search import search\n",
+                               "engine/newthing.py": "from .config import X\n"})
+    _, problems = layers.check(root)
+    assert any("errors.py:1: errors (foundation) imports engine.search from a higher layer" in p for p in problems)
+    assert any("unit 'newthing' is in no layer" in p for p in problems)
+    # and the same project with the imports the other way round is fine
+    root2 = _project(tmp_path / "ok", {"engine/search.py": "from .errors import InputError\n"})
+    assert layers.check(root2)[1] == []
+
+
+# -- one reader of the environment ------------------------------------------------------------------------
+
+ENV_READ = re.compile(r"\bos\.environ\b|\bos\.getenv\b|\benviron\.get\b|\bgetenv\(|\bfrom os import [^\n]*environ")
+ENV_ALLOWED = {
+    "engine/config.py": "the one reader: Settings and the child-process helpers",
+    # not this change's files (issue #26 was done beside the lead's #25); the fields exist already:
+    # Settings().twemoji_dir, .fashion_mnist_dir, .tuxpaint_stamps, .gcompris_rcc, .progress, and
+    # engine.config.set_default_environment(CIS_PROGRESS="1") / (GRADIO_ANALYTICS_ENABLED="False")
+    "engine/data/twemoji.py": "lead's engine/data (#25): use Settings().twemoji_dir",
+    "engine/data/fashion_mnist.py": "lead's engine/data (#25): use Settings().fashion_mnist_dir",
+    "engine/data/sources.py": "lead's engine/data (#25): use Settings().tuxpaint_stamps / .gcompris_rcc",
+    "engine/data/builders/common.py": "lead's engine/data (#25): use Settings().progress",
+    "engine/data/builders/__init__.py": "lead's engine/data (#25): use set_default_environment(CIS_PROGRESS='1')",
+    "app.py": "lead's app.py: use set_default_environment(GRADIO_ANALYTICS_ENABLED='False')",
+}
+
+
+def test_only_config_reads_the_environment():
+    offenders = []
+    for path in SOURCES:
+        if _rel(path) in ENV_ALLOWED:
+            continue
+        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if ENV_READ.search(line.split("#", 1)[0]):
+                offenders.append(f"{_rel(path)}:{n}: {line.strip()}")
+    assert not offenders, "read the environment through engine.config (Settings, child_environment):\n" + \
+        "\n".join(offenders)
+
+
+def test_every_environment_variable_has_a_setting_and_a_doc_line():
+    """Every CIS_* name in the code, the tests and the docs, and every variable Settings reads, has its doc
+    line in engine.config.ENV_DOCS; every CIS_* name the engine reads is a Settings field."""
+    from engine import config
+
+    config_src = (ROOT / "engine" / "config.py").read_text()
+    read_by_settings = set(re.findall(r'_env\("([A-Z0-9_]+)"', config_src))
+    mentioned = set()
+    for path in [*SOURCES, *sorted((ROOT / "tests").rglob("*.py")), *sorted(ROOT.glob("*.md")),
+                 *sorted((ROOT / "docs").rglob("*.md"))]:
+        if path.exists():
+            mentioned |= set(re.findall(r"\bCIS_[A-Z0-9_]*[A-Z0-9]\b", path.read_text(encoding="utf-8")))
+    missing = sorted((read_by_settings | mentioned) - set(config.ENV_DOCS))
+    assert not missing, f"add a doc line to engine.config.ENV_DOCS for {missing}"
+    assert all(doc.strip() for doc in config.ENV_DOCS.values())
+    engine_names = set()
+    for path in SOURCES:
+        if _rel(path).startswith("engine/") and path.exists():
+            engine_names |= set(re.findall(r"\bCIS_[A-Z0-9_]*[A-Z0-9]\b", path.read_text(encoding="utf-8")))
+    not_in_settings = sorted(engine_names - read_by_settings - {"CIS_CACHE_DIR", "CIS_CHROMIUM", "CIS_WRITE_DOC_IMAGES"})
+    assert not not_in_settings, f"CIS_* variables the engine names but Settings does not read: {not_in_settings}"
+
+
+def test_settings_read_the_new_variables(monkeypatch, tmp_path):
+    from engine import checkpoints
+    from engine.config import Settings
+
+    monkeypatch.setenv("CIS_PREPARED_DIR", str(tmp_path / "prep"))
+    monkeypatch.setenv("CIS_CHECKPOINTS", str(tmp_path / "a"))
+    monkeypatch.setenv("CIS_PROGRESS", "1")
+    s = Settings()
+    assert s.prepared_dir == str(tmp_path / "prep") and s.progress and s.checkpoints_given == str(tmp_path / "a")
+    assert checkpoints.prepared_dir() == tmp_path / "prep"
+    assert checkpoints.search_dirs()[:2] == [tmp_path / "a", tmp_path / "prep"]
+
+
+def test_child_environment_copies_filters_and_overrides(monkeypatch):
+    from engine.config import child_environment, set_default_environment
+
+    monkeypatch.setenv("CISX_A", "1")
+    monkeypatch.setenv("OTHER_X_TEST", "2")
+    env = child_environment(GRADIO_SERVER_PORT=7000)
+    assert env["CISX_A"] == "1" and env["OTHER_X_TEST"] == "2" and env["GRADIO_SERVER_PORT"] == "7000"
+    only = child_environment(only_prefixes=("CISX_",))
+    assert "CISX_A" in only and "OTHER_X_TEST" not in only
+    monkeypatch.delenv("CISX_B", raising=False)
+    set_default_environment(CISX_A="9", CISX_B="3")
+    assert child_environment()["CISX_A"] == "1" and child_environment()["CISX_B"] == "3"
+    monkeypatch.delenv("CISX_B")
+
+
+def test_env_pattern_catches_the_usual_spellings():
+    for line in ('x = os.environ["A"]', "os.getenv('A')", "environ.get('A')", "from os import environ"):
+        assert ENV_READ.search(line), line
+    assert not ENV_READ.search("settings.checkpoints")
+
+
+# -- size -------------------------------------------------------------------------------------------------
+
+MAX_MODULE_LINES, MAX_FUNCTION_LINES = 600, 80
+# (path or path:function) -> why it is still over the limit; shrink this list, never grow it
+SIZE_ALLOWED = {
+    "demo/ui.py:build_demo": "the page builder; being split into small builders by another helper (issue #26)",
+    "engine/search.py:search": "being split into validate / first stage / expand / collect by the lead (#26)",
+    "engine/data/builders/cir.py:build_cir": "engine/data is edited by the lead in this round (#25)",
+    "engine/train/context_i2w.py": "the lead's trainer (#25); to be split like engine/train/lattqe/",
+    "engine/train/context_i2w.py:train_mapper": "the lead's trainer (#25)",
+    "engine/train/context_i2w.py:main": "the lead's trainer (#25)",
+    "engine/train/rtic.py": "the lead's trainer (#25); to be split like engine/train/lattqe/",
+    "engine/train/rtic.py:fit": "the lead's trainer (#25)",
+    "engine/train/rtic.py:main": "the lead's trainer (#25)",
+}
+
+
+def _sizes():
+    for path in SOURCES:
+        if not path.exists():
+            continue
+        text = path.read_text(encoding="utf-8")
+        yield _rel(path), len(text.splitlines()), MAX_MODULE_LINES
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                yield f"{_rel(path)}:{node.name}", node.end_lineno - node.lineno + 1, MAX_FUNCTION_LINES
+
+
+def test_no_module_or_function_over_the_limit():
+    over = {name: n for name, n, limit in _sizes() if n > limit}
+    new = {name: n for name, n in over.items() if name not in SIZE_ALLOWED}
+    assert not new, f"over {MAX_MODULE_LINES} lines per module / {MAX_FUNCTION_LINES} per function: {new}"
+    fixed = sorted(set(SIZE_ALLOWED) - set(over))
+    assert not fixed, f"now within the limits, remove from SIZE_ALLOWED: {fixed}"
+
+
+# -- no logic written twice ---------------------------------------------------------------------------------
+
+import duplicates  # noqa: E402
+
+
+def test_no_block_of_six_lines_is_written_twice():
+    groups = duplicates.find(ROOT)
+    assert not groups, "logic written twice (put it in one function): " + "; ".join(
+        ", ".join(f"{f}:{n}" for f, n in g) for g in groups)
+
+
+def test_duplicate_finder_sees_a_renamed_copy(tmp_path):
+    block = ("    total = 0\n    for item in values:\n        if item.weight > limit:\n"
+             "            total += item.weight * scale\n        else:\n            total -= offset(item)\n"
+             "    result = finish(total, values)\n    store.append(result)\n")
+    renamed = block.replace("total", "acc").replace("values", "rows").replace("limit", "cap")
+    (tmp_path / "engine").mkdir()
+    (tmp_path / "engine" / "a.py").write_text("def f(values, limit, scale, store):\n" + block)
+    (tmp_path / "engine" / "b.py").write_text("def g(rows, cap, scale, store):\n" + renamed)
+    (tmp_path / "engine" / "c.py").write_text("def h(x):\n    return x + 1\n")
+    groups = duplicates.find(tmp_path)
+    assert groups == [[("engine/a.py", 3), ("engine/b.py", 3)]]
