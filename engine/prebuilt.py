@@ -81,34 +81,6 @@ def seed_index(gallery, out, backbone, folder: Optional[Path] = None) -> bool:
     return True
 
 
-def fill_thumbnails(index, workers: int = 2) -> int:
-    """Thumbnails for items that have none (embeddings taken from the prebuilt file skip the decode stage that
-    writes them). Returns how many were written."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    from .fileio import atomic_write_bytes
-    from .images import load_image
-    from .index.pipeline import THUMB_SIZE
-
-    missing = [i for i in range(len(index)) if not index.thumb_path(i).exists()]
-
-    def one(i: int) -> None:
-        try:
-            img = load_image(index.image_path(i))
-        except Exception as exc:  # the search still shows the photo itself (display_path falls back)
-            log.info("no thumbnail for %s (%s)", index.items[i]["path"], exc)
-            return
-        img.thumbnail((THUMB_SIZE, THUMB_SIZE))
-        buf = io.BytesIO()
-        img.save(buf, "JPEG", quality=85)
-        atomic_write_bytes(index.thumb_path(i), buf.getvalue())
-
-    (index.folder / "thumbs").mkdir(parents=True, exist_ok=True)
-    with ThreadPoolExecutor(max(1, workers)) as pool:
-        list(pool.map(one, missing))
-    return len(missing)
-
-
 def write_prebuilt(index, backbone, command: str, folder: Optional[Path] = None) -> Path:
     """Writes the prebuilt files for ``index`` (an index of the bundled gallery built with ``backbone``)."""
     from .fileio import atomic_write_bytes, atomic_write_text

@@ -39,11 +39,11 @@ def gallery_index_dir(packaged):
     from engine.config import cache_dir
     from engine.index.build import index_source
 
-    from engine.prebuilt import fill_thumbnails, seed_index
+    from engine.prebuilt import seed_index
 
     out = cache_dir() / "test-gallery-index"
     seed_index(GALLERY, out, packaged)  # the shipped prebuilt embeddings (checked in test_examples_prebuilt.py)
-    fill_thumbnails(index_source(GALLERY, out, packaged))
+    index_source(GALLERY, out, packaged)
     return out
 
 
