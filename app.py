@@ -1,8 +1,8 @@
 """Builds and launches the composed image search demo (Hugging Face Space entry point)."""
-import os
+from engine.config import set_default_environment
 
 # Gradio's usage analytics rebuild a summary after every event, so a long-running server slows down; off.
-os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+set_default_environment(GRADIO_ANALYTICS_ENABLED="False")
 
 from demo.api import api_middleware, api_routes  # noqa: E402
 from demo.ui import CSS, HEAD, allowed_paths, build_demo  # noqa: E402

@@ -87,6 +87,8 @@ ENV_DOCS = {
     "CIS_GALLERY": "folder of images the demo searches (default assets/gallery)",
     "CIS_INDEX_DIR": "where the demo keeps the gallery's index (default: in the cache dir)",
     "CIS_DEVICE": "auto, cpu or cuda",
+    "CIS_MAX_DECODE_MB": "memory one image may need to decode, counted for its real mode (default 128)",
+    "CIS_BODY_IDLE_S": "seconds a request body may stall before the server answers 408 (default 15)",
     "CIS_CHECKPOINTS": "checkpoint folders searched first (os.pathsep-separated); trainers write here by default",
     "CIS_CACHE_DIR": "indexes, feature caches, assembled data sets, prepared checkpoints "
                      "(default ~/.cache/composed-image-search)",

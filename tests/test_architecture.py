@@ -61,15 +61,6 @@ def test_upward_import_and_unknown_unit_are_forbidden(tmp_path):
 ENV_READ = re.compile(r"\bos\.environ\b|\bos\.getenv\b|\benviron\.get\b|\bgetenv\(|\bfrom os import [^\n]*environ")
 ENV_ALLOWED = {
     "engine/config.py": "the one reader: Settings and the child-process helpers",
-    # not this change's files (issue #26 was done beside the lead's #25); the fields exist already:
-    # Settings().twemoji_dir, .fashion_mnist_dir, .tuxpaint_stamps, .gcompris_rcc, .progress, and
-    # engine.config.set_default_environment(CIS_PROGRESS="1") / (GRADIO_ANALYTICS_ENABLED="False")
-    "engine/data/twemoji.py": "lead's engine/data (#25): use Settings().twemoji_dir",
-    "engine/data/fashion_mnist.py": "lead's engine/data (#25): use Settings().fashion_mnist_dir",
-    "engine/data/sources.py": "lead's engine/data (#25): use Settings().tuxpaint_stamps / .gcompris_rcc",
-    "engine/data/builders/common.py": "lead's engine/data (#25): use Settings().progress",
-    "engine/data/builders/__init__.py": "lead's engine/data (#25): use set_default_environment(CIS_PROGRESS='1')",
-    "app.py": "lead's app.py: use set_default_environment(GRADIO_ANALYTICS_ENABLED='False')",
 }
 
 

@@ -79,8 +79,11 @@ def test_output_shapes_and_composer(name, request):
     out2 = comp.compose(Query(text=f"a {bb.placeholder} star", image_embedding=emb[0], image_tokens=tok[0],
                               has_image=True))
     assert out2.explanation["prompt"] == f"a photo of {bb.placeholder} , a star" and out2.notices
-    with pytest.raises(InputError):
-        comp.compose(Query(text="x", has_image=False))
+    # no image: the training-free prior (the text alone), saying so
+    alone = comp.compose(Query(text="x", has_image=False))
+    t = bb.encode_texts(["x"]).embeddings[0]
+    np.testing.assert_allclose(alone.vector, (t / t.norm()).numpy(), atol=1e-5)
+    assert "prior_only" in alone.explanation
 
 
 def test_context_changes_the_pseudo_word(tiny_a):
@@ -270,7 +273,7 @@ def test_recoloured_pairs_name_the_new_colour(monkeypatch):
             Triplet("b", "ref.png", "make it blue", ["hammer__blue.png"],  # the same target again
                     {"kind": "recolour", "attribute": "blue", "reference_caption": "hammer, a tool"}),
             Triplet("c", "x.png", "as a woman", ["y.png"], {"kind": "gender", "reference_caption": "man"})]
-    monkeypatch.setattr(cir_triplets, "load_offline_cir", lambda split: rows)
+    monkeypatch.setattr(cir_triplets, "load_offline_cir", lambda split, hold_out=False: rows)
     pairs = load_pairs("recoloured", "train")
     assert [(p.path.name, p.caption) for p in pairs] == [("hammer__blue.png", "blue hammer, a tool")]
 

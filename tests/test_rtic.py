@@ -558,8 +558,10 @@ def test_checkpoint_roundtrip_and_composer(tmp_path):
     chans = comp.explanation["top_changed_channels"]
     delta = np.abs(comp.vector - img.numpy())
     assert chans[0]["channel"] == int(delta.argmax()) and len(chans) == 5
-    with pytest.raises(InputError, match="modification text"):
-        composer.compose(Query(text="", image_embedding=img, has_image=True))
+    # no text: nothing to correct, so the training-free prior (the image alone here), saying so
+    alone = composer.compose(Query(text="", image_embedding=img, has_image=True))
+    np.testing.assert_allclose(alone.vector, (img / img.norm()).numpy(), atol=1e-6)
+    assert "prior_only" in alone.explanation and alone.explanation["trust"] == 0.0
     # plain RTIC is the default when both exist (never chosen by test numbers); an explicit variant picks one
     save_checkpoint(tmp_path / "rtic-gcn-fake-a.safetensors", model, bb.fingerprint, bb.name, {"variant": "rtic+gcn"})
     assert load_rtic_composer(bb, tmp_path).record["variant"] == "rtic"

@@ -75,7 +75,9 @@ def read_idx(path: Union[str, os.PathLike]) -> np.ndarray:
 
 def data_dir() -> Path:
     """Folder with the Fashion-MNIST IDX files (``$CIS_FASHION_MNIST_DIR`` or the Debian location)."""
-    return Path(os.environ.get(ENV_DIR) or DEFAULT_DIR)
+    from ..config import Settings
+
+    return Path(Settings().fashion_mnist_dir or DEFAULT_DIR)
 
 
 def available() -> bool:

@@ -19,7 +19,6 @@ from __future__ import annotations
 import fnmatch
 import gzip
 import json
-import os
 import re
 import struct
 import subprocess
@@ -30,15 +29,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
-from ..config import cache_dir
+from ..config import Settings, cache_dir
 from ..errors import EngineError, InputError
 from ..fileio import atomic_write_bytes as _atomic_write
 
 TUXPAINT_PACKAGE = "tuxpaint-stamps-default"
 # Debian install locations; CIS_TUXPAINT_STAMPS / CIS_GCOMPRIS_RCC point elsewhere.
-TUXPAINT_STAMPS = Path(os.environ.get("CIS_TUXPAINT_STAMPS") or "/usr/share/tuxpaint/stamps")
+TUXPAINT_STAMPS = Path(Settings().tuxpaint_stamps or "/usr/share/tuxpaint/stamps")
 GCOMPRIS_PACKAGE = "gcompris-qt-data"
-GCOMPRIS_RCC_DIR = Path(os.environ.get("CIS_GCOMPRIS_RCC") or "/usr/share/gcompris-qt/rcc")
+GCOMPRIS_RCC_DIR = Path(Settings().gcompris_rcc or "/usr/share/gcompris-qt/rcc")
 SALEOR_VERSION = "2.10.1"
 RASTER_EXTENSIONS = (".png", ".jpg", ".jpeg", ".webp", ".gif", ".bmp")
 

@@ -16,7 +16,6 @@ into the repository) and derives *attribute variants* from the Unicode sequences
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 from dataclasses import dataclass, field
@@ -110,7 +109,9 @@ def default_package_dir() -> Path:
 
 def package_dir(install: bool = True) -> Path:
     """Folder of the installed package (``$CIS_TWEMOJI_DIR`` or the cache); installs it with npm if allowed."""
-    env = os.environ.get(ENV_DIR, "").strip()
+    from ..config import Settings
+
+    env = Settings().twemoji_dir.strip()
     if env:
         path = Path(env)
         if not (path / "emoji.json").is_file():

@@ -250,34 +250,36 @@ def evaluate_triplets(engine, triplets: Iterable[Triplet], nqe: int = 8, alpha: 
                 continue
             qv = np.stack(qvecs)
             for e in exps:
-                if e == "none":
-                    q2 = qv
-                else:
-                    nq = max(1, min(nqe, n))
-                    s1, i1 = engine.index.search(qv, nq)
-                    rows = []
-                    for row, s, i in zip(qv, s1, i1):
-                        ok = i >= 0
-                        rows.append(engine.expanders[e].expand(row, gallery[i[ok]], s[ok]).vector.astype(np.float32))
-                    q2 = np.stack(rows)
-                scores = q2 @ gallery.T
+                scores = _expanded(engine, e, qv, gallery, nqe) @ gallery.T
                 ranks[(m, e)].append(first_hit_ranks(scores, positives, exclude))
                 aps[(m, e)].append(average_precisions(scores, positives, top_n=MAP_N, denominator="min",
                                                       exclude=exclude))
         total += len(chunk)
         if progress:
             progress(len(chunk))
-    results: Dict[str, Dict[str, Dict[str, float]]] = {}
-    for m in (live if total else []):
-        results[m] = {}
-        for e in exps:
-            r = np.concatenate(ranks[(m, e)]) if ranks[(m, e)] else np.zeros(0)
-            out = recall_from_ranks(r, KS)
-            a = np.concatenate(aps[(m, e)]) if aps[(m, e)] else np.zeros(0)
-            out[f"mAP@{MAP_N}"] = float(np.nan_to_num(a, nan=0.0).mean() * 100.0) if a.size else 0.0
-            results[m][e] = out
+    results = {m: {e: _metrics(ranks[(m, e)], aps[(m, e)]) for e in exps} for m in (live if total else [])}
     return {"queries": total, "gallery": n, "nqe": nqe, "alpha": alpha,
             "backbone": engine.backbone.fingerprint, "methods": results, "skipped": skipped}
+
+
+def _expanded(engine, expander: str, qv: np.ndarray, gallery: np.ndarray, nqe: int) -> np.ndarray:
+    """The block's query vectors after ``expander`` over each query's first ``nqe`` results."""
+    if expander == "none":
+        return qv
+    s1, i1 = engine.index.search(qv, max(1, min(nqe, len(gallery))))
+    rows = []
+    for row, s, i in zip(qv, s1, i1):
+        ok = i >= 0
+        rows.append(engine.expanders[expander].expand(row, gallery[i[ok]], s[ok]).vector.astype(np.float32))
+    return np.stack(rows)
+
+
+def _metrics(rank_blocks: list, ap_blocks: list) -> Dict[str, float]:
+    r = np.concatenate(rank_blocks) if rank_blocks else np.zeros(0)
+    out = recall_from_ranks(r, KS)
+    a = np.concatenate(ap_blocks) if ap_blocks else np.zeros(0)
+    out[f"mAP@{MAP_N}"] = float(np.nan_to_num(a, nan=0.0).mean() * 100.0) if a.size else 0.0
+    return out
 
 
 def format_table(res: dict) -> str:

@@ -625,7 +625,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         path = out_dir / checkpoint_name(backbone_name, variant)
         extra = {"variant": variant, "train_config": asdict(cfg), "data": args.data,
                  "held_out": metrics.get(variant, {}), "history": result["history"][variant],
-                 # every method on the same split (engine.checkpoints.default_method reads it when it is 'val')
+                 # every method on the same split
                  "held_out_all": metrics, "eval_split": args.eval_split,
                  # the same split's photos' tone edits (R@1 decides there: each photo has three versions)
                  "held_out_tone": tone_metrics, "tone_edits": bool(args.tone_edits),

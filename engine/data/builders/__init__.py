@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
+from ...config import set_default_environment
 from ...errors import EngineError, InputError
 from ..formats import (
     DATASET_NAMES,
@@ -105,7 +106,7 @@ def ensure_built(*names: str, seed: int = DEFAULT_SEED) -> None:
     that are missing or were built with another recipe; quick when all are current."""
     todo = [n for n in names if not is_built(n)]
     if todo:
-        os.environ.setdefault("CIS_PROGRESS", "1")
+        set_default_environment(CIS_PROGRESS="1")
         for n in todo:
             print(f"building offline data set {n!r} (once; {build_command(n)})", file=sys.stderr)
             build(n, seed=seed)
@@ -138,7 +139,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parser.parse_args(argv)
     try:
         if args.cmd == "build":
-            os.environ.setdefault("CIS_PROGRESS", "1")
+            set_default_environment(CIS_PROGRESS="1")
             manifests = build(args.only, force=args.force, seed=args.seed)
         else:
             names = [args.only] if args.only else list(DATASET_NAMES)

@@ -19,6 +19,7 @@ from typing import Iterable, Optional, Sequence
 import numpy as np
 from PIL import Image
 
+from ...config import Settings
 from ...errors import EngineError, InputError
 from ...fileio import atomic_write_bytes
 from .. import fashion_mnist, recolour, twemoji
@@ -50,7 +51,7 @@ except ImportError:  # pragma: no cover
 
 
 def _progress(it, desc: str, total: Optional[int] = None):
-    return tqdm(it, desc=desc, total=total, leave=False, disable=not sys.stderr.isatty() and os.environ.get("CIS_PROGRESS") != "1")
+    return tqdm(it, desc=desc, total=total, leave=False, disable=not sys.stderr.isatty() and not Settings().progress)
 
 
 # ----------------------------------------------------------------------------------------------
