@@ -4,7 +4,7 @@ from __future__ import annotations
 import html
 import re
 from pathlib import PurePath
-from typing import List, Tuple
+from typing import List, Optional, Tuple
 from urllib.parse import quote
 
 from engine.export import breakdown_rows
@@ -53,11 +53,14 @@ def result_caption(r) -> str:
     name = r.caption or PurePath(str(r.path or "")).name
     if name:
         cap += f" · {name}"
-    moved = r.explain.get("rank_before_expansion", "n/a")
-    if moved is None:
-        cap += " · new after expansion"
-    elif moved != "n/a" and moved > r.rank:
-        cap += f" · ▲ from #{moved}"
+    if "rank_before_expansion" in r.explain:   # only with expansion: say so only where the rank changed
+        before = r.explain["rank_before_expansion"]
+        if before is None:
+            cap += " · new after expansion"
+        elif before > r.rank:
+            cap += f" · ▲ from #{before}"
+        elif before < r.rank:
+            cap += f" · ▼ from #{before}"
     return cap
 
 
@@ -108,12 +111,14 @@ def explanation_markdown_json(data: dict) -> str:
         lines.append("**Weights:** " + ", ".join(f"{esc(k)}={v:.2f}" for k, v in comp["weights"].items()))
     ex = explanation.get("expansion")
     if ex:
-        lines.append(f"**Expansion:** {esc(EXPANDER_LABELS.get(ex['method'], ex['method']))} over "
-                     f"{ex['nqe']} neighbours")
-        for nb in ex.get("neighbours", [])[:8]:
-            w = float(nb["weight"])
-            bar = "█" * max(0, min(20, int(round(abs(w) * 20))))
-            lines.append(f"<code>{bar:<20}</code> {w:.3f} {esc(nb['path'])}")
+        lines.append(expansion_summary(data))
+        if not ex.get("kept_query"):
+            for nb in ex.get("neighbours", [])[:8]:
+                w = float(nb["weight"])
+                if abs(w) <= 1e-6:
+                    continue
+                bar = "█" * max(0, min(20, int(round(abs(w) * 20))))
+                lines.append(f"<code>{bar:<20}</code> {w:.3f} {esc(nb['path'])}")
     for n in data.get("notices", []):
         lines.append(f"⚠️ {esc(n)}")
     table = why_table_markdown(data)
@@ -124,6 +129,44 @@ def explanation_markdown_json(data: dict) -> str:
     hit = " (reference features from cache)" if t.get("image_cache_hit") else ""
     lines.append(f"**Timings:** {stages}{hit}")
     return "\n\n".join(lines)
+
+
+def kept_reason(ex: dict) -> str:
+    """Why an expansion returned the query unchanged, in words."""
+    if "weight floor 1" in str(ex.get("formula", "")):
+        return ("its weight floor, chosen on validation, is 1: no amount of expansion improved search there, so "
+                "every neighbour gets weight 0")
+    return "no neighbour was close enough to the query to get a weight above 0"
+
+
+def expansion_summary(data: dict) -> str:
+    """One sentence on what expansion did for this query: kept the query (and why), or re-formed it from
+    which neighbours and how many results moved relative to the search without expansion."""
+    ex = (data.get("explanation") or {}).get("expansion") or {}
+    if not ex:
+        return ""
+    name = esc(EXPANDER_LABELS.get(ex.get("method"), ex.get("method")))
+    if ex.get("kept_query"):
+        return (f"**Expansion:** {name} kept the query: {esc(kept_reason(ex))}. The results are those of the "
+                "search without expansion.")
+    rows = breakdown_rows(data)
+    moved = sum(1 for r in rows if r["rank_before_expansion"] != r["rank"])
+    used = ex.get("used_neighbours", len(ex.get("neighbours", [])))
+    return (f"**Expansion:** {name} re-formed the query from {used} of its {ex.get('nqe')} nearest results; "
+            f"{moved} of {len(rows)} results are placed differently than without expansion.")
+
+
+def expansion_note(data: Optional[dict]) -> str:
+    """The line under the LAttQE box after a search: what expansion did for that query (empty without one)."""
+    ex = ((data or {}).get("explanation") or {}).get("expansion") or {}
+    if not ex:
+        return ""
+    name = EXPANDER_LABELS.get(ex.get("method"), ex.get("method"))
+    if ex.get("kept_query"):
+        return f"For this query: {esc(name)} kept the query: {esc(kept_reason(ex))}."
+    nbs = [PurePath(str(nb.get("path", ""))).stem for nb in ex.get("neighbours", []) if abs(float(nb["weight"])) > 1e-6]
+    shown = ", ".join(esc(n) for n in nbs[:4]) + (f" and {len(nbs) - 4} more" if len(nbs) > 4 else "")
+    return f"For this query: {esc(name)} expanded the query with {shown or 'its nearest results'}."
 
 
 def index_markdown(engine: SearchEngine) -> str:
@@ -147,6 +190,13 @@ def backbone_markdown(engine: SearchEngine) -> str:
     if b.get("fingerprint"):
         lines.append(f"**Backbone fingerprint:** {code(b['fingerprint'])} (checkpoints must carry the same one)")
     lines.append(f"**Gallery:** {index_markdown(engine)}")
+    if hasattr(engine, "defaults"):
+        method = engine.default_method
+        lines.append(f"**Default method:** {esc(LABELS.get(method, method))}, {esc(engine.defaults.why())}. It is "
+                     "chosen on the validation side of the held-out-domain suite (photos, words and phrasings no "
+                     "trainer saw: `python -m engine eval generalise --side val --choose`) and is the same for the "
+                     "page, the command line and the JSON API; without a record for this backbone it is the "
+                     "weighted sum.")
     methods = getattr(engine, "methods", None)
     if callable(methods):
         lines.append("**Methods:** " + "; ".join(
@@ -160,16 +210,11 @@ def backbone_markdown(engine: SearchEngine) -> str:
     return "  \n".join(lines)
 
 
-def default_method_line(method: str, evidence) -> str:
-    """One short line saying why ``method`` is the default (``evidence``: engine.checkpoints.default_method's)."""
-    name = esc(LABELS.get(method, method))
-    if not evidence:
-        return (f"Default method: **{name}**. No validation figures recorded for this model show another "
-                "method doing better.")
-    scores, metric = evidence["scores"], esc(evidence["metric"])
-    runner_up = max((m for m in scores if m != method), key=lambda m: scores[m])
-    return (f"Default method: **{name}**, the best measured for this model on validation queries ({metric} "
-            f"{scores[method]:.1f} vs {scores[runner_up]:.1f} for {esc(LABELS.get(runner_up, runner_up))}).")
+def default_method_note(engine: SearchEngine) -> str:
+    """One short line: the page's default method (``engine.default_method``, the same for the CLI and the JSON
+    API) and how it was chosen (``engine.defaults.why()``)."""
+    method = engine.default_method
+    return f"Default method: **{esc(LABELS.get(method, method))}**, {esc(engine.defaults.why())}."
 
 
 def _model_words(b: dict) -> str:
@@ -217,7 +262,8 @@ def why_table_markdown(data: dict) -> str:
     rows = breakdown_rows(data)
     if not rows:
         return ""
-    expanded = any(r["from_expanded_query"] is not None for r in rows)
+    kept = bool(((data.get("explanation") or {}).get("expansion") or {}).get("kept_query"))
+    expanded = not kept and any(r["from_expanded_query"] is not None for r in rows)
     head = "| # | Result | Composed score | Image similarity | Text similarity |" + (" Expansion |" if expanded else "")
     sep = "|---:|---|---:|---:|---:|" + ("---|" if expanded else "")
     out = ["**Why each result** (cosine similarity of the result to the reference image alone, to the text "
@@ -244,7 +290,7 @@ def _why_title(r: dict) -> str:
         parts.append(f"image {_f(e['image_similarity'])}")
     if e.get("text_similarity") is not None:
         parts.append(f"text {_f(e['text_similarity'])}")
-    if "rank_before_expansion" in e:
+    if "rank_before_expansion" in e and e["rank_before_expansion"] != r["rank"]:
         b = e["rank_before_expansion"]
         parts.append("new from the expanded query" if b is None else f"was #{b} before expansion")
     return " · ".join(parts)
@@ -311,6 +357,7 @@ def compare_summary_markdown(data: dict) -> str:
         lines.append(f"- {esc(c['label'])}: {c['wall_ms']:.0f} ms, {state}")
     need = shared_threshold(data)
     most = sum(1 for keys in (data.get("shared") or {}).values() if len(keys) >= need)
+    lines.append("")   # a blank line: the total is its own paragraph, not part of the last bullet
     lines.append(f"**Total:** {data.get('wall_ms', 0):.0f} ms · {most} images found by most methods "
                  f"({need} or more)")
     return "\n".join(lines)

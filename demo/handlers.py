@@ -17,7 +17,7 @@ from engine.search import SearchEngine, search
 from engine.service import open_session, session_engine, session_index_types
 from engine.share import from_query_string, reference_file, resolve_reference, state_for, to_query_string
 
-from .formatting import (EXPANDER_LABELS, LABELS, backbone_markdown, code, compare_html, compare_summary_markdown, esc, explanation_markdown,
+from .formatting import (EXPANDER_LABELS, LABELS, backbone_markdown, compare_html, compare_summary_markdown, esc, explanation_markdown,
                          gallery_items, index_markdown, plain_summary)
 
 
@@ -40,6 +40,16 @@ def plain_message(exc: BaseException) -> str:
     return msg or GENERIC_ERROR
 
 
+def page_error(exc: BaseException) -> gr.Error:
+    """The pop-up for ``exc``: one plain sentence. A user's mistake (an engine error: an empty search, a file
+    that is not an image, a bad zip) is logged as one line; anything else was logged with its traceback by
+    :func:`plain_message`. Gradio is told not to print a second traceback either way."""
+    msg = plain_message(exc)
+    if isinstance(exc, EngineError):
+        log.warning("user mistake: %s", msg)
+    return gr.Error(html.escape(msg, quote=False), print_exception=False)  # pop-ups render HTML
+
+
 def user_errors(fn):
     """Show every error as one plain sentence in the page (no stack trace, no server path)."""
 
@@ -50,10 +60,7 @@ def user_errors(fn):
         except gr.Error:
             raise
         except Exception as exc:
-            msg = plain_message(exc)  # a bug's traceback is logged there, once
-            if isinstance(exc, EngineError):  # a user's mistake: one log line, no traceback
-                log.warning("refused: %s", msg)
-            raise gr.Error(html.escape(msg, quote=False), print_exception=False) from None  # pop-ups render HTML
+            raise page_error(exc) from None
 
     return wrapper
 
@@ -71,8 +78,8 @@ def run_search(engine: SearchEngine, image, text, method, alpha, k, lattqe_on, e
     engine = session_engine(engine)
     if engine is None:
         raise EngineError("index a zip of photos first")
-    resp = search(engine, image=image or None, text=text, method=method, alpha=float(alpha), k=int(k),
-                  expand=expansion_name(bool(lattqe_on), expander), nqe=int(nqe), explain=True,
+    resp = search(engine, image=image or None, text=text, method=method or None, alpha=float(alpha), k=int(k),
+                  expand=expansion_name(bool(lattqe_on), expander), nqe=int(nqe or 0), explain=True,
                   exclude_reference=exclude_reference is not False)
     return (gallery_items(engine, resp, thumbs_only=own), explanation_markdown(resp),
             json.dumps(resp.to_json(), indent=2), [r.id for r in resp.results])
@@ -100,7 +107,7 @@ def result_as_reference(engine: SearchEngine, ids, evt: gr.SelectData):
             path = eng.index.image_path(i)
             return load_image(path if path.exists() else eng.index.thumb_path(i), max_pixels=eng.settings.max_pixels)
         except EngineError as exc:
-            raise gr.Error(html.escape(plain_message(exc), quote=False)) from None
+            raise page_error(exc) from None
     i = ids[int(evt.index)]
     path = engine.index.image_path(i)
     return str(path if path.exists() else engine.index.display_path(i))
@@ -123,10 +130,34 @@ def index_upload(base: SearchEngine, old: Optional[str], file, index_type: str =
     eng = session_engine(key)
     st = eng.index.stats()
     skipped = eng.index.meta.get("skipped", [])
-    msg = f"Indexed **{st['items']}** photos with {code(eng.backbone.name)}: {index_markdown(eng)}."
+    msg = (f"Indexed **{st['items']}** photos ({index_markdown(eng)}). Pick one of them as the reference under "
+           "*Pick the reference from your photos*, or upload any image.")
     if skipped:
         msg += f" Skipped {len(skipped)}: " + "; ".join(f"{esc(s['path'])} ({esc(s['reason'])})" for s in skipped[:5])
     return key, msg
+
+
+OWN_PICKER_MAX = 200
+
+
+def own_photos(key):
+    """The uploaded gallery's photos for the own-photos picker: (thumbnail items, ids); a click on one makes it
+    the reference (:func:`result_as_reference`). At most OWN_PICKER_MAX are shown."""
+    from PIL import Image
+
+    eng = session_engine(key) if key else None
+    if eng is None:
+        return [], []
+    items, ids = [], []
+    for it in eng.index.items[:OWN_PICKER_MAX]:
+        thumb = eng.index.thumb_path(int(it["id"]))
+        if not thumb.exists():
+            continue
+        with Image.open(thumb) as im:
+            im.load()
+            items.append((im.copy(), PurePath(it["path"]).name))
+        ids.append(int(it["id"]))
+    return items, ids
 
 
 def index_type_choices(engine: SearchEngine):
@@ -162,32 +193,61 @@ def lattqe_info(engine: SearchEngine) -> str:
     return "re-forms the query from its top results" + (f"; note: {note}" if note else "")
 
 
-def default_method(engine: SearchEngine):
-    """(method, evidence) from engine.checkpoints.default_method over the live learned methods' records."""
-    from engine.checkpoints import default_method as choose
+def alpha_visible(engine: SearchEngine, method: str) -> bool:
+    """Whether the α slider matters for ``method``: only composers that read the query's text weight use it."""
+    composer = engine.composers.get(method or engine.default_method)
+    return bool(getattr(composer, "uses_alpha", False))
 
-    available = [m for m, why in engine.methods().items() if why is None]
-    records = {name: getattr(c, "record", None) or {} for name, c in engine.composers.items()}
-    return choose(records, available)
+
+def alpha_shown(engine: SearchEngine, method):
+    """Handler for a method change: the α slider is shown only for methods that use it."""
+    return gr.update(visible=alpha_visible(engine, method))
+
+
+EXPANSION_HELP = ("re-form the query from its top results, then search again. AQE: the query plus the average "
+                  "of its nearest results; AQEwD: the same, nearer results weighing more; α-QE: each result "
+                  "weighted by its similarity to the query")
+
+
+def expansion_done(raw) -> str:
+    """The line under the LAttQE box after a search: what expansion did for that query (empty without one)."""
+    from .formatting import expansion_note
+
+    try:
+        data = json.loads(raw) if raw else None
+    except ValueError:
+        data = None
+    note = expansion_note(data if isinstance(data, dict) and "results" in data else None)
+    return gr.update(value=note, visible=bool(note))  # no empty box under LAttQE when nothing was expanded
 
 
 # -- examples and the gallery picker ----------------------------------------------------------------
-EXAMPLE_TEXTS = {"animals": "as a dog", "buildings": "at night", "vehicles": "the same but red", "food": "in the snow",
-                 "music": "made of wood", "plants": "with flowers"}
+# The bundled gallery's examples: (photo, text, labels that make a result right). Each has right answers in
+# the gallery; tests/test_examples.py checks that the page's default method finds at least 2 in its top 5.
+EXAMPLES = [
+    ("plants/tree.jpg", "with flowers", {"flower"}),
+    ("animals/horse.jpg", "a fish instead", {"fish"}),
+    ("music/guitar.jpg", "a cello instead", {"cello", "string instrument"}),
+    ("plants/cep.jpg", "a fruit instead", {"fruit"}),
+]
 GENERIC_TEXTS = ["the same but red", "at night", "a bigger one", "in the snow"]
 
 
 def example_queries(engine: SearchEngine, n: int = 4):
-    """[(gallery id, text)]: the first image of the first ``n`` gallery folders with a text that suits
-    the folder, for the "Try one" row."""
+    """[(gallery id, text)] for the "Try one" row: the bundled gallery's :data:`EXAMPLES` when its photos are
+    in the index, else (another gallery) the first image of the first ``n`` folders with a generic text."""
+    by_path = {it["path"]: int(it["id"]) for it in engine.index.items}
+    picks = [(by_path[path], text) for path, text, _ in EXAMPLES
+             if path in by_path and engine.index.image_path(by_path[path]).exists()]
+    if len(picks) == len(EXAMPLES):
+        return picks[:n]
     picks, seen = [], set()
-    folders = [f for f in EXAMPLE_TEXTS if any(it["path"].startswith(f + "/") for it in engine.index.items)]
     for it in engine.index.items:
         top = it["path"].split("/")[0] if "/" in it["path"] else ""
-        if top in seen or (folders and top not in folders) or not engine.index.image_path(it["id"]).exists():
+        if top in seen or not engine.index.image_path(it["id"]).exists():
             continue
         seen.add(top)
-        picks.append((int(it["id"]), EXAMPLE_TEXTS.get(top, GENERIC_TEXTS[len(picks) % len(GENERIC_TEXTS)])))
+        picks.append((int(it["id"]), GENERIC_TEXTS[len(picks) % len(GENERIC_TEXTS)]))
         if len(picks) >= n:
             break
     return picks
@@ -262,7 +322,7 @@ def run_compare(engine: SearchEngine, image, text, alpha, k, lattqe_on, nqe, exc
     from engine.compare import compare
 
     lattqe = bool(lattqe_on) and "lattqe" in engine.expanders
-    res = compare(engine, image=image or None, text=text, alpha=float(alpha), k=int(k), nqe=int(nqe), lattqe=lattqe,
+    res = compare(engine, image=image or None, text=text, alpha=float(alpha), k=int(k), nqe=int(nqe or 0), lattqe=lattqe,
                   exclude_reference=exclude_reference is not False)
     data = res.to_json()
     return compare_html(engine.index.display_path, data), json.dumps(data, indent=2)
@@ -308,7 +368,18 @@ def after_query(engine: SearchEngine, view, image, text, method, alpha, k, lattq
     st = state_for(engine, image or None, text, method, alpha, k, expansion_name(bool(lattqe_on), expander), nqe,
                    view=view)
     hist, ds = _remember(engine, history, st)
-    return to_query_string(st), hist, ds, json.loads(raw) if raw else None
+    return to_query_string(st), hist, ds, with_query(json.loads(raw) if raw else None, image, text)
+
+
+def with_query(data, image, text):
+    """The export data with what was asked (``asked``: the contact sheet shows the reference and the text);
+    ``image_file`` is the server-side file, used for the sheet only and left out of the JSON download."""
+    if not isinstance(data, dict):
+        return data
+    image = image if isinstance(image, (str, Path)) and image else None
+    data["asked"] = {"text": (text or "").strip(), "reference": PurePath(str(image)).name if image else None,
+                     "image_file": str(image) if image else None}
+    return data
 
 
 def run_state(engine: SearchEngine, st, history):
@@ -331,6 +402,7 @@ def run_state(engine: SearchEngine, st, history):
                                           explanation_markdown(resp),
                                           json.dumps(data, indent=2), [r.id for r in resp.results], "")
     hist, ds = _remember(engine, history, st)
+    data = with_query(data, shown, st.text)
     return (shown, st.text, st.method, st.alpha, st.k, lattqe_on, expander, st.nqe, gallery, expl, raw, ids, html_,
             to_query_string(st), hist, ds, data)
 
@@ -347,7 +419,10 @@ def restore_from_url(engine: SearchEngine, history, request: gr.Request):
             return tuple(gr.update() for _ in range(N_RESTORE_OUTPUTS))
         return run_state(engine, st, history)
     except Exception as exc:
-        gr.Warning(f"Could not open this link: {html.escape(plain_message(exc), quote=False)}")
+        msg = plain_message(exc)
+        if isinstance(exc, EngineError):
+            log.warning("user mistake: could not open a link: %s", msg)
+        gr.Warning(f"Could not open this link: {html.escape(msg, quote=False)}")
         return tuple(gr.update() for _ in range(N_RESTORE_OUTPUTS))
 
 
@@ -384,6 +459,8 @@ def export_json_file(engine: SearchEngine, data):
         raise EngineError("nothing to export yet: run a search first")
     folder = _export_folder()
     stem = "compare" if "columns" in data else "results"
+    if isinstance(data.get("asked"), dict):  # the server's file path stays on the server
+        data = {**data, "asked": {k: v for k, v in data["asked"].items() if k != "image_file"}}
     return str(export_json(data, folder / f"{stem}.json"))
 
 

@@ -13,13 +13,25 @@ from engine.search import SearchEngine
 from engine.service import SESSIONS, drop_session_engine, load_default_engine
 
 from . import handlers as h
-from .formatting import EXPANDER_LABELS, default_method_line, method_choices
+from .formatting import EXPANDER_LABELS, default_method_note, method_choices
 from .upload import reference_image
 
 TITLE = "Composed image search"
 INTRO = ("Give a reference image and say what to change — *same dress but red*, *the building at night* — "
          "and the engine finds matching images in the gallery. Click a result to use it as the new reference.")
 CSS = (Path(__file__).with_name("style.css")).read_text(encoding="utf-8")  # the page's styles, in their own file
+# Passed to launch(head=...) with CSS. Gradio's client closes its event stream through a stand-in object whose
+# close() only logs "Method not implemented." (a warning after every finished search, nothing wrong); that one
+# message is dropped so the browser console shows only warnings that mean something.
+HEAD = """<script>
+(() => {
+  const warn = console.warn.bind(console);
+  console.warn = (...args) => {
+    if (args.length === 1 && args[0] === 'Method not implemented.') { return; }
+    warn(...args);
+  };
+})();
+</script>"""
 
 # After a query: put its state in the page URL (keeping Gradio's own "__" parameters such as __theme) and in
 # the visible share link. Inputs: (query string, current link); output: the link.
@@ -60,7 +72,7 @@ def _search_controls(engine: SearchEngine, prefix: str, with_compare: bool = Fal
 
     c = SimpleNamespace(compare_btn=None, compare_out=None, picker=None)
     methods = method_choices(engine)
-    default_method, evidence = h.default_method(engine)  # the best measured on validation figures, else the sum
+    default_method = engine.default_method  # chosen on held-out-domain validation (engine.defaults); CLI and API alike
     with gr.Row(elem_id=f"{prefix}controls"):
         with gr.Column(scale=1, min_width=240):
             c.image = reference_image(int(engine.settings.max_upload_mb * 1e6), label="Reference image",  # no decode
@@ -70,30 +82,35 @@ def _search_controls(engine: SearchEngine, prefix: str, with_compare: bool = Fal
         with gr.Column(scale=2, min_width=280):
             c.text = gr.Textbox(label="What to change", placeholder="e.g. the same but red",
                                 max_lines=2, elem_id=f"{prefix}text")
+            with gr.Row(elem_classes=["cis-buttons"]):
+                c.button = gr.Button("Search", variant="primary", elem_id=f"{prefix}search")
+                if with_compare:
+                    c.compare_btn = gr.Button("Compare methods", variant="secondary", elem_id=f"{prefix}compare")
             with gr.Row(elem_classes=["cis-method-row"]):
                 c.method = gr.Dropdown(methods, value=default_method, label="Method", elem_id=f"{prefix}method",
                                        min_width=240)
                 c.k = gr.Slider(1, h.UI_MAX_K, value=12, step=1, label="Results (top-k)", elem_id=f"{prefix}k")
-            gr.Markdown(default_method_line(default_method, evidence), elem_id=f"{prefix}method-why",
-                        elem_classes=["cis-note"])
+            gr.Markdown(default_method_note(engine), elem_id=f"{prefix}method-why", elem_classes=["cis-note"])
+            # α is the weighted sum's text weight; methods that ignore it hide it (h.alpha_visible)
             c.alpha = gr.Slider(0, 1, value=0.5, step=0.05, label="α (text weight, weighted sum)",
-                                elem_id=f"{prefix}alpha")
+                                visible=h.alpha_visible(engine, default_method), elem_id=f"{prefix}alpha")
+            c.method.change(functools.partial(h.alpha_shown, engine), [c.method], [c.alpha], api_name=False,
+                            show_progress="hidden")
             lattqe_reason = engine.expanders_unavailable.get("lattqe")
             c.lattqe = gr.Checkbox(value=False, label="LAttQE expansion", interactive=lattqe_reason is None,
                                    info=h.lattqe_info(engine), elem_id=f"{prefix}lattqe")
+            # what LAttQE (or another expansion) did for the last query: expanded with which neighbours, or kept it
+            c.lattqe_did = gr.Markdown("", visible=False, elem_id=f"{prefix}lattqe-did", elem_classes=["cis-note"])
             c.keep_out = gr.Checkbox(value=True, label="Leave the reference out of its results",
                                      info="a gallery photo used as the reference is not shown as its own match",
                                      elem_id=f"{prefix}exclude-reference")
             with gr.Accordion("Expansion options", open=False):
                 others = [(EXPANDER_LABELS.get(n, n), n) for n in engine.expanders if n != "lattqe"]
                 c.expander = gr.Dropdown(others, value="none", label="Expansion (when LAttQE is off)",
-                                         elem_id=f"{prefix}expander")
-                c.nqe = gr.Slider(1, h.UI_MAX_NQE, value=64, step=1, label="nQE (neighbours used)",
+                                         info=h.EXPANSION_HELP, elem_id=f"{prefix}expander")
+                c.nqe = gr.Slider(0, h.UI_MAX_NQE, value=0, step=1, label="nQE (neighbours used)",
+                                  info="0 = automatic: chosen on validation, capped by gallery size",
                                   elem_id=f"{prefix}nqe")
-            with gr.Row(elem_classes=["cis-buttons"]):
-                c.button = gr.Button("Search", variant="primary", elem_id=f"{prefix}search")
-                if with_compare:
-                    c.compare_btn = gr.Button("Compare methods", variant="secondary", elem_id=f"{prefix}compare")
     # captions under each picture and no inner scroll box (demo/style.css, .cis-grid)
     c.gallery = gr.Gallery(label="Results", columns=4, height="auto", elem_id=f"{prefix}results",
                            elem_classes=["cis-grid"], allow_preview=False, object_fit="contain")
@@ -205,6 +222,7 @@ def build_demo(settings: Optional[Settings] = None, engine: Optional[SearchEngin
                 def then_search(event):
                     """The rest of a search once its inputs are set: results, history, share link."""
                     return (event.success(after_search, inputs + [raw, history], post, api_name=False)
+                            .success(h.expansion_done, [raw], [c.lattqe_did], api_name=False, show_progress="hidden")
                             .success(h.search_shown, None, [compare_out, gallery], api_name=False)
                             .success(None, [qs, share_link], share_link, js=SET_URL_JS, api_name=False))
 
@@ -218,6 +236,8 @@ def build_demo(settings: Optional[Settings] = None, engine: Optional[SearchEngin
                                      api_name="compare", concurrency_limit=2)
                  .success(after_compare, inputs + [raw, history], post, api_name=False)
                  .success(h.compare_cleared, [raw], [gallery, ids, explanation], api_name=False)
+                 .success(lambda: gr.update(value="", visible=False), None, [c.lattqe_did], api_name=False,
+                          show_progress="hidden")
                  .success(None, [qs, share_link], share_link, js=SET_URL_JS, api_name=False))
                 gallery.select(h.reference_picker(engine), [ids], image, api_name=False)
                 c.picker.grid.select(h.reference_picker(engine), [c.picker.ids], image, api_name=False)
@@ -225,9 +245,11 @@ def build_demo(settings: Optional[Settings] = None, engine: Optional[SearchEngin
                                    compare_out, qs, history, history_ds, last]
                 assert len(restore_outputs) == h.N_RESTORE_OUTPUTS
                 (demo.load(h.url_restorer(engine), [history], restore_outputs, api_name=False)
+                 .success(h.expansion_done, [raw], [c.lattqe_did], api_name=False, show_progress="hidden")
                  .success(None, [qs, share_link], share_link, js=SET_URL_JS, api_name=False))
                 (history_ds.click(h.user_errors(functools.partial(h.rerun_history, engine)), [history, history_ds],
                                   restore_outputs, api_name=False, **searches)
+                 .success(h.expansion_done, [raw], [c.lattqe_did], api_name=False, show_progress="hidden")
                  .success(None, [qs, share_link], share_link, js=SET_URL_JS, api_name=False))
                 copy_btn.click(None, [share_link], None, js=COPY_JS, api_name=False)
                 export_json_btn.click(h.user_errors(h.shown_file(functools.partial(h.export_json_file, engine))), [last],
@@ -246,16 +268,24 @@ def build_demo(settings: Optional[Settings] = None, engine: Optional[SearchEngin
                                                  elem_id="own-index-type")
                         index_btn = gr.Button("Index the photos", elem_id="own-index")
                 status = gr.Markdown(elem_id="own-status")
+                with gr.Accordion("Pick the reference from your photos", open=True, elem_id="own-picker-box"):
+                    own_grid = gr.Gallery([], columns=6, height="auto", allow_preview=False, show_label=False,
+                                          elem_id="own-picker", buttons=[], elem_classes=["cis-grid"],
+                                          object_fit="cover")
+                own_ids = gr.State([])
                 o = _search_controls(engine, "own-")
                 o_image, o_text, o_method, o_alpha, o_k = o.image, o.text, o.method, o.alpha, o.k
                 o_lattqe, o_expander, o_nqe, o_keep_out = o.lattqe, o.expander, o.nqe, o.keep_out
                 o_button, o_gallery, o_expl, o_raw, o_ids = o.button, o.gallery, o.explanation, o.raw, o.ids
-                index_btn.click(h.user_errors(functools.partial(h.index_upload, engine)), [session, upload, index_type],
-                                [session, status], api_name="index_zip", concurrency_limit=1)
+                (index_btn.click(h.user_errors(functools.partial(h.index_upload, engine)), [session, upload, index_type],
+                                 [session, status], api_name="index_zip", concurrency_limit=1)
+                 .success(h.own_photos, [session], [own_grid, own_ids], api_name=False))
+                own_grid.select(h.result_as_reference, [session, own_ids], o.image, api_name=False)
                 o_inputs = [session, o_image, o_text, o_method, o_alpha, o_k, o_lattqe, o_expander, o_nqe, o_keep_out]
                 o_outputs = [o_gallery, o_expl, o_raw, o_ids]
-                o_button.click(h.user_errors(h.run_search), o_inputs, o_outputs, api_name="search_own", **searches)
-                o_text.submit(h.user_errors(h.run_search), o_inputs, o_outputs, api_name=False, **searches)
+                for trigger, api in ((o_button.click, "search_own"), (o_text.submit, False)):
+                    (trigger(h.user_errors(h.run_search), o_inputs, o_outputs, api_name=api, **searches)
+                     .success(h.expansion_done, [o_raw], [o.lattqe_did], api_name=False, show_progress="hidden"))
                 o_gallery.select(h.result_as_reference, [session, o_ids], o_image, api_name=False)
     # Queue: each event runs at most its `concurrency_limit` jobs at once (events without one: CIS_CONCURRENCY);
     # at most CIS_QUEUE_MAX jobs wait. Beyond that the page shows Gradio's "This application is currently busy.

@@ -10,6 +10,8 @@ Contact-sheet layout (pixels), for ``n`` results in ``columns`` columns of ``thu
     height = 2 * MARGIN + TITLE_H + sections * (SECTION_H + rows * (thumb + LABEL_H) + (rows - 1) * GAP)
              + (sections - 1) * GAP           where rows = ceil(max results in a section / columns)
 
+With ``asked`` in the data (the page adds it: reference file and text), a query row under the title shows the
+reference image and the text. A PNG over MAX_PNG_BYTES is saved with 256 colours, then scaled down.
 Under each image: ``#rank · score`` and up to two lines of caption. The PNG also carries the
 labels as text chunks (``cis:labels`` as JSON, ``Description`` as plain text) for screen readers
 and for checking.
@@ -29,6 +31,8 @@ from .errors import InputError
 from .fileio import atomic_write_bytes as _atomic_write
 
 MARGIN, GAP, TITLE_H, SECTION_H, LABEL_H = 16, 12, 28, 22, 50
+QUERY_H = 96          # the query row (reference thumbnail and text) when the data names the query
+MAX_PNG_BYTES = 480_000  # a contact sheet over this is saved with 256 colours, then smaller, until it fits
 BACKGROUND, INK, MUTED = (255, 255, 255), (20, 20, 20), (90, 90, 90)
 
 
@@ -88,14 +92,15 @@ def result_label(r: dict) -> str:
 
 
 # -- contact sheet -------------------------------------------------------------------------
-def sheet_size(section_lengths: Sequence[int], columns: int, thumb: int) -> Tuple[int, int]:
-    """(width, height) of a contact sheet; see the module docstring for the formula."""
+def sheet_size(section_lengths: Sequence[int], columns: int, thumb: int, query: bool = False) -> Tuple[int, int]:
+    """(width, height) of a contact sheet; see the module docstring for the formula (``query``: plus the query
+    row, QUERY_H + GAP, under the title)."""
     sections = [n for n in section_lengths] or [0]
     rows = max(1, math.ceil(max(sections) / columns))
     width = 2 * MARGIN + columns * thumb + (columns - 1) * GAP
     block = SECTION_H + rows * (thumb + LABEL_H) + (rows - 1) * GAP
     height = 2 * MARGIN + TITLE_H + len(sections) * block + (len(sections) - 1) * GAP
-    return width, height
+    return width, height + ((QUERY_H + GAP) if query else 0)
 
 
 def _font(size: int):
@@ -163,13 +168,32 @@ def contact_sheet(data: dict, image_for: Callable[[int], Union[str, Path]], colu
     if columns < 1 or thumb < 32:
         raise InputError("the contact sheet needs at least one column of 32-pixel images")
     sections = sections_of(data)
-    w, h = sheet_size([len(rs) for _, rs in sections], columns, thumb)
+    query = data.get("asked") if isinstance(data.get("asked"), dict) else None
+    w, h = sheet_size([len(rs) for _, rs in sections], columns, thumb, query=query is not None)
     sheet = Image.new("RGB", (w, h), BACKGROUND)
     draw = ImageDraw.Draw(sheet)
     f_title, f_label, f_cap = _font(18), _font(13), _font(12)
     draw.text((MARGIN, MARGIN), _clip(draw, title, f_title, w - 2 * MARGIN), fill=INK, font=f_title)
     rows = max(1, math.ceil(max(len(rs) for _, rs in sections) / columns)) if sections else 1
     y = MARGIN + TITLE_H
+    if query is not None:   # the query itself: the reference image (when there is one) and the text
+        x_text = MARGIN
+        ref = query.get("image_file")
+        if ref:
+            try:
+                with Image.open(ref) as im:
+                    im = ImageOps.exif_transpose(im).convert("RGB")
+                    im.thumbnail((QUERY_H, QUERY_H))
+                    sheet.paste(im, (MARGIN + (QUERY_H - im.width) // 2, y + (QUERY_H - im.height) // 2))
+                x_text = MARGIN + QUERY_H + GAP
+            except (OSError, ValueError):
+                pass
+        lines = [f"Reference: {query.get('reference') or 'none'}", f"Text: {query.get('text') or '(none)'}"]
+        for li, line in enumerate(lines):
+            draw.text((x_text, y + 8 + 20 * li), _clip(draw, line, f_label, w - x_text - MARGIN), fill=INK,
+                      font=f_label)
+        sheet.cis_query = lines
+        y += QUERY_H + GAP
     labels = []
     for s_title, results in sections:
         draw.text((MARGIN, y + 2), _clip(draw, s_title, f_label, w - 2 * MARGIN), fill=INK, font=f_label)
@@ -196,15 +220,32 @@ def contact_sheet(data: dict, image_for: Callable[[int], Union[str, Path]], colu
     return sheet
 
 
-def contact_sheet_png(sheet: Image.Image) -> bytes:
-    """PNG bytes with the labels as text chunks (``cis:labels`` JSON and a plain ``Description``)."""
-    info = PngInfo()
+def contact_sheet_png(sheet: Image.Image, max_bytes: int = MAX_PNG_BYTES) -> bytes:
+    """PNG bytes with the labels as text chunks (``cis:labels`` JSON and a plain ``Description``). A sheet over
+    ``max_bytes`` is saved with 256 colours, and if still over, scaled down (label boxes scaled with it)."""
     labels = getattr(sheet, "cis_labels", [])
-    info.add_text("cis:labels", json.dumps(labels))
-    info.add_text("Description", "; ".join(" ".join(lab["lines"]) for lab in labels))
-    buf = io.BytesIO()
-    sheet.save(buf, "PNG", pnginfo=info)
-    return buf.getvalue()
+
+    def encode(img: Image.Image, boxes) -> bytes:
+        info = PngInfo()
+        info.add_text("cis:labels", json.dumps(boxes))
+        query = getattr(sheet, "cis_query", None)
+        info.add_text("Description", "; ".join((query or []) + [" ".join(lab["lines"]) for lab in boxes]))
+        if query:
+            info.add_text("cis:query", json.dumps(query))
+        buf = io.BytesIO()
+        img.save(buf, "PNG", pnginfo=info, optimize=True)
+        return buf.getvalue()
+
+    data = encode(sheet, labels)
+    scale, img = 1.0, sheet
+    while len(data) > max_bytes and scale > 0.2:
+        data = encode(img.quantize(256, dither=Image.Dither.FLOYDSTEINBERG), [
+            {**lab, "box": [round(v * scale) for v in lab["box"]]} for lab in labels])
+        if len(data) <= max_bytes:
+            break
+        scale *= 0.8
+        img = sheet.resize((max(1, round(sheet.width * scale)), max(1, round(sheet.height * scale))), Image.LANCZOS)
+    return data
 
 
 def export_contact_sheet(data: dict, image_for: Callable[[int], Union[str, Path]], path: Union[str, Path],

@@ -330,9 +330,11 @@ def search(
     ref_vec = (query.image_embedding.detach().float().cpu().numpy().astype(np.float32)
                if extra and query.image_embedding is not None else None)
     # one first-stage search: the results themselves, or (with expansion) the nQE neighbours to expand from
+    # and, in the same pass, the ranking without expansion that the display compares against
     nq = max(1, min(nqe or engine.defaults.gallery_nqe(expand, n), n))
+    n1 = min(n, max(nq, k + extra)) if expand != "none" else min(n, k + extra)
     t = time.perf_counter()
-    s1, i1 = engine.index.search(qvec[None], nq if expand != "none" else min(n, k + extra))
+    s1, i1 = engine.index.search(qvec[None], n1)
     timings["search"] = (time.perf_counter() - t) * 1e3
     explanation: Dict[str, Any] = {"composer": comp.explanation}
     scores, ids = s1, i1
@@ -340,21 +342,34 @@ def search(
     if expand != "none":
         t = time.perf_counter()
         valid = i1[0] >= 0
-        nb_ids = i1[0][valid]
+        nb_ids, nb_sims = i1[0][valid][:nq], s1[0][valid][:nq]
         neighbours = engine.index.embeddings[nb_ids].astype(np.float32)
-        ex = engine.expanders[expand].expand(qvec, neighbours, s1[0][valid])
-        first_rank = {int(i): r for r, i in enumerate(nb_ids)}
-        qvec = ex.vector.astype(np.float32)
-        scores, ids = engine.index.search(qvec[None], min(n, k + extra))
+        ex = engine.expanders[expand].expand(qvec, neighbours, nb_sims)
+        # ranks before expansion as the search without expansion shows them: the reference left out the same way
+        shown_before = [int(i) for i in i1[0][valid]
+                        if not (extra and _is_reference(engine, int(i), ref_id, ref_hash, ref_vec))]
+        first_rank = {i: r for r, i in enumerate(shown_before)}
+        new_vec = ex.vector.astype(np.float32)
+        weights = np.asarray(ex.weights, dtype=np.float64)
+        kept = not np.any(np.abs(weights) > 1e-6) or bool(np.allclose(new_vec, qvec, atol=1e-6))
         timings["expand"] = (time.perf_counter() - t) * 1e3
-        top = np.argsort(-np.asarray(ex.weights))[:10]
+        if kept:   # the expander returned the query itself: the first pass is the answer, nothing moved
+            scores, ids = s1[:, :min(n, k + extra)], i1[:, :min(n, k + extra)]
+        else:
+            qvec = new_vec
+            scores, ids = engine.index.search(qvec[None], min(n, k + extra))
+        top = [j for j in np.argsort(-np.abs(weights))[:10] if abs(weights[j]) > 1e-6]
         explanation["expansion"] = {
             "method": expand,
             "nqe": int(nq),
-            "neighbours": [{"id": int(nb_ids[j]), "weight": float(ex.weights[j]),
+            "neighbours": [{"id": int(nb_ids[j]), "weight": float(weights[j]),
                             "path": engine.index.items[int(nb_ids[j])]["path"]} for j in top],
             **ex.explanation,
+            "kept_query": bool(kept),
+            "used_neighbours": int(np.sum(np.abs(weights) > 1e-6)),
         }
+        if kept:
+            explanation["expansion"]["weights"] = []   # all zero: nothing to show
     results: List[Result] = []
     for s, i in zip(scores[0], ids[0]):
         if i < 0:

@@ -34,7 +34,10 @@ def load_default_engine(settings: Optional[Settings] = None, progress=None) -> S
                 log.warning("rebuilding the gallery index at %s (%s)", out, exc)
             else:
                 log.warning("building the gallery index (first start) at %s", out)
-        index_source(settings.gallery, out, backbone, settings=settings, progress=progress)
+        from .prebuilt import seed_index
+
+        seed_index(settings.gallery, out, backbone)  # the bundled gallery's prebuilt embeddings, when they fit
+        index_source(settings.gallery, out, backbone, settings=settings, progress=progress)  # + thumbnails
         return open_engine(out, backbone=backbone, settings=settings)
 
 

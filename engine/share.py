@@ -40,7 +40,7 @@ class QueryState:
     alpha: float = 0.5
     k: int = 12
     expand: str = "none"
-    nqe: int = 64
+    nqe: int = 0   # 0: automatic (chosen on validation, capped by the gallery size; engine.defaults)
     view: str = "search"
 
     def validate(self) -> "QueryState":
@@ -61,8 +61,8 @@ class QueryState:
             raise InputError("alpha in the link must be between 0 and 1")
         if not 1 <= int(self.k) <= MAX_K:
             raise InputError(f"k in the link must be between 1 and {MAX_K}")
-        if not 1 <= int(self.nqe) <= 4096:
-            raise InputError("nqe in the link must be between 1 and 4096")
+        if not 0 <= int(self.nqe) <= 4096:
+            raise InputError("nqe in the link must be between 0 (automatic) and 4096")
         if self.view not in VIEWS:
             raise InputError(f"view in the link must be one of {', '.join(VIEWS)}")
         return self
@@ -177,7 +177,7 @@ def state_for(engine, image, text: Optional[str], method: str, alpha: float, k: 
     remembered in the engine's :class:`ReferenceStore` so the link can be restored.
     """
     st = QueryState(text=(text or "").strip(), method=method, alpha=float(alpha), k=int(k), expand=expand or "none",
-                    nqe=int(nqe), view=view)
+                    nqe=int(nqe or 0), view=view)
     if isinstance(image, int) and not isinstance(image, bool):
         st.image_id = image
     elif image:

@@ -39,7 +39,10 @@ def gallery_index_dir(packaged):
     from engine.config import cache_dir
     from engine.index.build import index_source
 
+    from engine.prebuilt import seed_index
+
     out = cache_dir() / "test-gallery-index"
+    seed_index(GALLERY, out, packaged)  # the shipped prebuilt embeddings (checked in test_examples_prebuilt.py)
     index_source(GALLERY, out, packaged)
     return out
 

@@ -176,7 +176,7 @@ def test_zip_members_pass_the_same_checks_and_a_pixel_budget(gallery_engine, tmp
     from engine.service import build_session_engine, drop_session_engine
 
     monkeypatch.setenv("CIS_CACHE_DIR", str(tmp_path / "cache"))
-    photo = sorted(GALLERY.rglob("*.jpg"))[0].read_bytes()
+    photo = max(sorted(GALLERY.rglob("*.jpg")), key=lambda p: p.stat().st_size).read_bytes()  # over the budget below
     archive = tmp_path / "mixed.zip"
     with zipfile.ZipFile(archive, "w", zipfile.ZIP_DEFLATED) as z:
         z.writestr("good.jpg", photo)

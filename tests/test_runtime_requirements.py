@@ -80,3 +80,21 @@ def test_prepare_runs_from_the_runtime_requirements_alone(tmp_path):
                                                               'alter_sys=True)', "import pytest"), "pytest"],
                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
     assert bad.returncode != 0 and "not installed by requirements.txt" in bad.stderr
+
+
+def _pins(path: Path) -> dict:
+    return {Requirement(line.split("#")[0].strip()).name.lower(): line.split("#")[0].strip()
+            for line in path.read_text().splitlines() if line.split("#")[0].strip() and not line.startswith("-")}
+
+
+def test_the_cpu_requirements_are_the_default_ones_with_cpu_wheels_of_the_same_versions():
+    """requirements-cpu.txt (README, the CPU route) pins exactly what requirements.txt pins, except torch and
+    torchvision as +cpu builds of the same versions (a torchvision built for another torch does not start) and
+    faiss-cpu of faiss-gpu's version; its first line points pip at the PyTorch CPU index."""
+    default, cpu = _pins(ROOT / "requirements.txt"), _pins(ROOT / "requirements-cpu.txt")
+    lines = (ROOT / "requirements-cpu.txt").read_text().splitlines()
+    assert next(x for x in lines if not x.startswith("#")) == "--extra-index-url https://download.pytorch.org/whl/cpu"
+    for name in ("torch", "torchvision"):
+        assert cpu.pop(name) == default.pop(name) + "+cpu", name
+    assert cpu.pop("faiss-cpu") == default.pop("faiss-gpu").replace("faiss-gpu", "faiss-cpu")
+    assert cpu == default

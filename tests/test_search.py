@@ -12,11 +12,10 @@ def _labels_of(resp, labels):
 
 def test_a_photo_of_a_cat_ranks_cat_photos_first(gallery_engine, gallery_labels):
     cats = [p for p, ls in gallery_labels.items() if "cat" in ls]
-    assert len(cats) >= 5
+    assert len(cats) >= 3  # three cat photos, each its own photo (no crops of one another: #28)
     resp = search(gallery_engine, text="a photo of a cat", method="text", k=5)
     top = _labels_of(resp, gallery_labels)
     assert all("cat" in ls for ls in top[:3]), [r.path for r in resp.results]
-    assert sum("cat" in ls for ls in top) >= 4
 
 
 def test_category_modification_moves_results_toward_the_named_category(gallery_engine, gallery_labels):

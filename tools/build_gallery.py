@@ -10,7 +10,14 @@ to at most 512 px, saves JPEG (quality 85) under ``assets/gallery/<category>/``,
 ``captions.json`` (path -> English caption), ``labels.json`` (path -> labels, category first)
 and ``assets/ATTRIBUTION`` (path, source package + version, original file, licence, author).
 
-Usage: ``python tools/build_gallery.py [--out assets/gallery] [--seed 0]``
+Clean-up rules (issue #28), applied by the build and on their own by ``--prune``: no mirrored copies (Tux
+Paint's ``*_mirror`` stamps), no decal-only stamps (``DECAL_ONLY``), no crops of a photo already in the gallery,
+and no two images the packaged backbone cannot tell apart (cosine >= ``MAX_COSINE``; the one with the shorter
+name stays). ``--embeddings`` then writes the prebuilt index of the gallery for the packaged backbone
+(``assets/prebuilt/``, engine/prebuilt.py), which the app uses on its first start instead of embedding.
+
+Usage: ``python tools/build_gallery.py [--out assets/gallery] [--seed 0]``,
+``python tools/build_gallery.py --prune --embeddings`` (clean the gallery in place, then write the prebuilt index).
 """
 from __future__ import annotations
 
@@ -135,6 +142,14 @@ TUX_LABEL_FIX = {
     "wind": "wind instrument", "moon": "moon", "monuments": "monument", "military": "military vehicle",
 }
 TUX_SKIP_FILES = {"food/pizza.png"}   # drawings rich enough in colour to pass the photo test
+# stamps that are only decals or markings on white, no object a person would search for
+DECAL_ONLY = {"vehicles/emergency/sedan_police.png"}
+MAX_COSINE = 0.999   # images at or above this cosine on the packaged backbone are near-duplicates
+
+
+def is_mirror(ref: str) -> bool:
+    """Tux Paint's mirrored copy of a stamp (``name_mirror.png``): the same picture flipped."""
+    return bool(re.search(r"_mirror\.[A-Za-z]+$", ref.split(" (crop", 1)[0]))
 TUX_TOP_CATEGORY = {
     "animals": "animals", "food": "food", "household": "household",
     "medical": "household", "people": "people", "plants": "plants", "space": "space",
@@ -151,7 +166,7 @@ def tuxpaint_items(records: Iterable[PhotoRecord]) -> List[Item]:
                 parts = ["vehicles", "military"]
             else:
                 continue
-        if tuple(parts[:2]) in TUX_SKIP_DIRS or r.ref in TUX_SKIP_FILES:
+        if tuple(parts[:2]) in TUX_SKIP_DIRS or r.ref in TUX_SKIP_FILES or r.ref in DECAL_ONLY or is_mirror(r.ref):
             continue
         if parts[0] == "household" and len(parts) > 1 and parts[1] == "tools":
             category = "tools"
@@ -347,27 +362,6 @@ def sample_items(records: Iterable[PhotoRecord]) -> List[Item]:
     return items
 
 
-# Close-up crops of the cat photos, so that the gallery has more than three cat images.
-CAT_CROPS = {
-    "erase.rcc:/gcompris/src/activities/erase/resource/kitten.webp":
-        ((700, 80, 1340, 940), "close-up of a ginger kitten"),
-    "explore_farm_animals.rcc:/gcompris/src/activities/explore_farm_animals/resource/animals/cat.webp":
-        ((230, 20, 980, 520), "a kitten playing with a ball of wool"),
-    "skimage/data/chelsea.png":
-        ((110, 10, 390, 290), "close-up of the face of a tabby cat"),
-}
-
-
-def cat_crops(items: Sequence[Item]) -> List[Item]:
-    out = []
-    for it in items:
-        if it.record.ref in CAT_CROPS:
-            box, caption = CAT_CROPS[it.record.ref]
-            out.append(Item(it.record, "animals", ["animals", "mammal", "cat", "crop"], caption,
-                            slugify(caption), keep=True, crop=box, note="crop of the original"))
-    return out
-
-
 def _dedupe(seq: Sequence[str]) -> List[str]:
     seen, out = set(), []
     for s in seq:
@@ -424,7 +418,6 @@ def collect(saleor_cache: Optional[Path] = None) -> List[Item]:
     items += saleor_items(sources.saleor_products(cache=saleor_cache))
     items += sample_items(sources.skimage_samples())
     items += sample_items(sources.sklearn_samples())
-    items += cat_crops(items)
     return items
 
 
@@ -524,14 +517,125 @@ def write_attribution(path: Path, rows: List[Tuple[str, ...]]) -> None:
     os.replace(tmp, path)
 
 
+# ---------------------------------------------------------------------------------------
+# clean-up of a built gallery (also run on its own: --prune) and the prebuilt index (--embeddings)
+
+
+def read_attribution(path: Path) -> List[Tuple[str, ...]]:
+    rows = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if line and not line.startswith("#"):
+            rows.append(tuple(line.split("\t")))
+    return rows
+
+
+def rule_drops(rows: Sequence[Tuple[str, ...]]) -> Dict[str, str]:
+    """{gallery path: reason} for mirrored copies, decal-only stamps and crops of a photo also in the gallery,
+    read from the attribution's original-file column."""
+    originals = {row[2] for row in rows if len(row) > 2 and " (crop " not in row[2]}
+    out = {}
+    for row in rows:
+        rel, source, original = row[0], row[1], row[2] if len(row) > 2 else ""
+        base = original.split(" (crop ", 1)[0]
+        if is_mirror(original):
+            out[rel] = "mirrored copy"
+        elif source.startswith("tuxpaint") and base in DECAL_ONLY:
+            out[rel] = "decals only"
+        elif " (crop " in original and base in originals:
+            out[rel] = "crop of a photo in the gallery"
+    return out
+
+
+def gallery_index(gallery: Path, backbone, work: Path):
+    """The gallery indexed with ``backbone`` in ``work`` (incremental: unchanged photos are not embedded again)."""
+    from engine.index.build import index_source
+
+    return index_source(gallery, work, backbone)
+
+
+def embedding_drops(index, max_cosine: float = MAX_COSINE, skip=()) -> Dict[str, str]:
+    """{path: reason} so that no two images left have cosine >= ``max_cosine``: of each such pair the one with
+    the longer (then later) name goes, so ``cep.jpg`` stays and ``cep-3.jpg`` goes."""
+    paths = [it["path"] for it in index.items]
+    e = index.embeddings.astype(np.float32)
+    e /= np.linalg.norm(e, axis=1, keepdims=True)
+    order = sorted(range(len(paths)), key=lambda i: (len(paths[i]), paths[i]))
+    kept: List[int] = []
+    out = {}
+    for i in order:
+        if paths[i] in skip:
+            continue
+        if kept:
+            sims = e[kept] @ e[i]
+            j = int(np.argmax(sims))
+            if sims[j] >= max_cosine:
+                out[paths[i]] = f"near-duplicate of {paths[kept[j]]} (cosine {float(sims[j]):.4f})"
+                continue
+        kept.append(i)
+    return out
+
+
+def prune(out: Path, backbone, work: Path, max_cosine: float = MAX_COSINE) -> Dict[str, str]:
+    """Applies the clean-up rules to the gallery at ``out`` in place (files, captions.json, labels.json and
+    assets/ATTRIBUTION); returns {removed path: reason}."""
+    attribution = out.parent / "ATTRIBUTION"
+    rows = read_attribution(attribution)
+    drops = rule_drops(rows)
+    drops.update(embedding_drops(gallery_index(out, backbone, work), max_cosine, skip=set(drops)))
+    for rel in drops:
+        (out / rel).unlink(missing_ok=True)
+    for name in ("captions.json", "labels.json"):
+        data = json.loads((out / name).read_text(encoding="utf-8"))
+        data = {k: v for k, v in data.items() if k not in drops}
+        tmp = out / f".{name}.tmp"
+        tmp.write_text(json.dumps(data, indent=1, ensure_ascii=False, sort_keys=True) + "\n", encoding="utf-8")
+        os.replace(tmp, out / name)
+    write_attribution(attribution, [row for row in rows if row[0] not in drops])
+    return drops
+
+
+def write_embeddings(out: Path, backbone, work: Path) -> Path:
+    """The prebuilt index of the gallery for ``backbone`` (engine/prebuilt.py)."""
+    from engine.prebuilt import is_bundled, write_prebuilt
+
+    if not is_bundled(out):
+        raise SystemExit("--embeddings writes the prebuilt index of the bundled gallery (assets/gallery) only")
+    return write_prebuilt(gallery_index(out, backbone, work), backbone,
+                          command="python tools/build_gallery.py --embeddings")
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, default=ROOT / "assets" / "gallery")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--saleor-cache", type=Path, default=None,
                     help="folder holding (or receiving) the saleor wheel; default: the engine cache")
+    ap.add_argument("--prune", action="store_true",
+                    help="only apply the clean-up rules to the gallery already at --out (no rebuild from sources)")
+    ap.add_argument("--embeddings", action="store_true",
+                    help="then write the prebuilt index for the packaged backbone to assets/prebuilt/")
+    ap.add_argument("--max-cosine", type=float, default=MAX_COSINE)
     args = ap.parse_args(argv)
+    from engine.backbones import create_backbone
+    from engine.config import cache_dir
+
+    work = cache_dir() / "build-gallery-index"   # incremental: re-running embeds only changed photos
+    backbone = create_backbone("packaged", "cpu")
+    if args.prune or args.embeddings:
+        if args.prune:
+            before = len(json.loads((args.out / "captions.json").read_text(encoding="utf-8")))
+            drops = prune(args.out, backbone, work, args.max_cosine)
+            for rel, why in sorted(drops.items()):
+                print(f"removed {rel}: {why}")
+            print(f"{before} -> {before - len(drops)} photos")
+        if args.embeddings:
+            print("prebuilt index:", write_embeddings(args.out, backbone, work).relative_to(ROOT))
+        return 0
     summary = build(args.out, seed=args.seed, saleor_cache=args.saleor_cache)
+    drops = prune(args.out, backbone, work, args.max_cosine)
+    summary["files"] = int(summary["files"]) - len(drops)
+    for rel, why in sorted(drops.items()):
+        print(f"removed {rel}: {why}")
     print(f"\n{summary['files']} photos, {summary['bytes'] / 1e6:.1f} MB in {args.out}")
     for cat, n in summary["per_category"].items():
         print(f"  {cat:10s} {n}")

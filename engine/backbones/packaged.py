@@ -56,6 +56,10 @@ def imagenet_class_names() -> List[str]:
 DEFAULT_CONCEPTS = ConceptWeights(classes=1.0, object_colour=0.5, scene_colour=0.0, light=0.25, sigma=8.0)
 
 
+# Text tables (ImageNet class prompts, concept prompts) shipped with the app for the bundled weights, so a first
+# start with an empty cache does not encode 1,000 prompts; a table is used only under its own content key.
+PREBUILT_TEXT = Path(__file__).resolve().parents[2] / "assets" / "prebuilt" / "packaged"
+
 class PackagedBackbone(Backbone):
     placeholder = "*"
 
@@ -104,6 +108,7 @@ class PackagedBackbone(Backbone):
         self.logit_scale = 100.0
         self.placeholder_id = self.tokenizer.convert_tokens_to_ids(self.placeholder)
         self.class_names = imagenet_class_names()
+        self.text_tables = []   # file names of the text tables below (tools/build_gallery.py --embeddings ships them)
         self.class_text = self._text_table(CLASS_PROMPT, [CLASS_PROMPT.format(n) for n in self.class_names])
         self.concept_text = self._text_table("concepts", concept_prompts())  # (C, D), normalised
         mean = torch.tensor(LITE_MEAN).view(3, 1, 1)
@@ -121,6 +126,10 @@ class PackagedBackbone(Backbone):
 
         key = hashlib.sha256((self._weights_fp + tag + "\n".join(prompts)).encode()).hexdigest()[:16]
         path = cache_dir() / "packaged" / f"text-{key}.npy"
+        self.text_tables.append(path.name)
+        shipped = PREBUILT_TEXT / path.name  # the same tables shipped for the bundled weights (engine/prebuilt.py)
+        if not path.exists() and shipped.is_file():
+            path = shipped
         if path.exists():
             try:
                 arr = np.load(path, allow_pickle=False)

@@ -11,9 +11,9 @@ def free_port() -> int:
 
 
 def launch(demo, engine) -> str:
-    from demo.ui import CSS, allowed_paths
+    from demo.ui import CSS, HEAD, allowed_paths
 
     port = free_port()
     demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True,
-                allowed_paths=allowed_paths(engine), css=CSS)  # as app.py launches it
+                allowed_paths=allowed_paths(engine), css=CSS, head=HEAD)  # as app.py launches it
     return f"http://127.0.0.1:{port}/"

@@ -68,17 +68,19 @@ def test_example_click_runs_a_search_and_download_appears_with_a_file(served_dem
     page = open_page(url, "desktop")
     # plain words on the page; the backbone's fingerprint and the index type only in "About this engine"
     summary = page.locator("#plain-summary").inner_text()
-    assert "390 photos" in summary and "@" not in summary and "packaged" not in summary, summary
+    assert f"{len(gallery_engine.index)} photos" in summary and "@" not in summary and "packaged" not in summary, summary
     assert not page.locator("#backbone-info").is_visible()
     ui.open_accordion(page, "About this engine")
     about = page.locator("#backbone-info").inner_text()
     assert gallery_engine.backbone.fingerprint in about and "bytes per image" in about and "index" in about
     # the default method says why in one line; the LAttQE box shows the engine's note on its checkpoint
-    from demo.handlers import default_method, lattqe_info
+    from demo.formatting import LABELS
+    from demo.handlers import lattqe_info
 
-    assert page.locator("#method input[role=combobox]").input_value().startswith("Image + text") == (
-        default_method(gallery_engine)[0] == "sum")
-    assert page.locator("#method-why").inner_text().startswith("Default method:")
+    default = gallery_engine.default_method  # read from the engine (engine.defaults), never hard-coded here
+    assert page.locator("#method input[role=combobox]").input_value() == LABELS[default]
+    why = page.locator("#method-why").inner_text()
+    assert why.startswith(f"Default method: {LABELS[default]}") and gallery_engine.defaults.why() in why, why
     assert lattqe_info(gallery_engine) in page.locator("#lattqe").inner_text()
     # nothing exported yet: no Download box taking space
     assert page.locator("#export-file").count() == 0 or not page.locator("#export-file").is_visible()

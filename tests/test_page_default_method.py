@@ -1,0 +1,18 @@
+"""The page's default method is the engine's (engine.defaults, the same for the CLI and the JSON API), and its
+line says how it was chosen."""
+import html
+import json
+
+
+def test_the_page_offers_the_engines_default_method_and_says_how_it_was_chosen(gallery_engine):
+    """The page's default is engine.default_method (chosen on held-out-domain validation by engine.defaults, the
+    same for the CLI and the JSON API), never a method picked by the page itself; its line says how."""
+    from demo.formatting import default_method_note
+    from engine.labels import method_label as method_label_of
+
+    method = gallery_engine.default_method
+    assert method in gallery_engine.composers
+    line = html.unescape(default_method_note(gallery_engine))  # as rendered
+    assert line.startswith(f"Default method: **{method_label_of(method)}**")
+    assert gallery_engine.defaults.why() in line and "\n" not in line and len(line) < 200
+    json.dumps(gallery_engine.info()["default_method"])  # plain data for `engine info`
