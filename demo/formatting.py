@@ -86,6 +86,22 @@ def explanation_markdown(resp: SearchResponse) -> str:
     return explanation_markdown_json(resp.to_json())
 
 
+def anchor_lines(comp: dict) -> list:
+    """How much of a learned composer's own correction this query used (engine.compose.anchor): 0 % is the
+    training-free weighted sum, used where the text or the picture is unlike the composer's training data."""
+    out = []
+    if comp.get("prior_only"):
+        out.append(f"**Weighted sum used:** {esc(comp['prior_only'])}")
+    elif isinstance(comp.get("trust"), (int, float)):
+        share = float(comp["trust"])
+        why = ("the text and picture are unlike its training data, so this is the weighted sum" if share == 0 else
+               "the rest is the weighted sum")
+        out.append(f"**Learned correction used:** {share:.0%} ({why}; text familiarity "
+                   f"{float(comp.get('text_familiarity', 0)):.2f}, image familiarity "
+                   f"{float(comp.get('image_familiarity', 0)):.2f})")
+    return out
+
+
 def explanation_markdown_json(data: dict) -> str:
     """'Why these results': the query's composition (formula, prompt, gate), the expansion, and a table
     with each result's similarity to the reference image, to the text, the composed score and (with
@@ -109,6 +125,7 @@ def explanation_markdown_json(data: dict) -> str:
             f"#{c['channel']} ({c['change']:+.3f})" for c in comp["top_changed_channels"]))
     if "weights" in comp:
         lines.append("**Weights:** " + ", ".join(f"{esc(k)}={v:.2f}" for k, v in comp["weights"].items()))
+    lines += anchor_lines(comp)
     ex = explanation.get("expansion")
     if ex:
         lines.append(expansion_summary(data))

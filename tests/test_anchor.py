@@ -137,3 +137,13 @@ def test_rtic_composer_with_an_anchor_round_trips_and_answers_a_text_alone(tmp_p
     old = save_checkpoint(tmp_path / "rtic-old.safetensors", model, tiny.fingerprint, tiny.name)
     _, rec = load_checkpoint(old, tiny.fingerprint)
     assert load_anchor(old, rec) is None
+
+
+def test_the_page_says_how_much_of_the_learned_correction_a_query_used():
+    from demo.formatting import anchor_lines
+
+    assert anchor_lines({}) == []                                   # a training-free method: nothing to say
+    line = anchor_lines({"trust": 0.0, "text_familiarity": 0.41, "image_familiarity": 0.7})[0]
+    assert "0%" in line and "this is the weighted sum" in line and "0.41" in line
+    assert "50%" in anchor_lines({"trust": 0.5, "text_familiarity": 1.0, "image_familiarity": 0.9})[0]
+    assert "Weighted sum used" in anchor_lines({"prior_only": "no image", "trust": 0.0})[0]
