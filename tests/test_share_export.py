@@ -83,7 +83,7 @@ def test_export_json_is_the_cli_json_schema(gallery_engine, gallery_index_dir, t
     exported = json.loads(path.read_text())
     assert exported == json.loads(json.dumps(resp.to_json()))
     assert cli_main(["search", "--index", str(gallery_index_dir), "--image", "gallery:7", "--text", "at night",
-                     "--k", "3", "--json", "--explain", "--backbone", "packaged"]) == 0
+                     "--k", "3", "--json", "--explain", "--backbone", "packaged", "--method", "sum"]) == 0
     cli = json.loads(capsys.readouterr().out)
     assert set(cli) == set(exported)
     assert [set(r) for r in cli["results"]] == [set(r) for r in exported["results"]]
