@@ -150,6 +150,8 @@ def explanation_markdown_json(data: dict) -> str:
 
 def kept_reason(ex: dict) -> str:
     """Why an expansion returned the query unchanged, in words."""
+    if ex.get("kept_because"):
+        return str(ex["kept_because"])
     if "weight floor 1" in str(ex.get("formula", "")):
         return ("its weight floor, chosen on validation, is 1: no amount of expansion improved search there, so "
                 "every neighbour gets weight 0")

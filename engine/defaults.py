@@ -5,7 +5,9 @@ They are chosen on the validation side of the held-out-domain suite (``python -m
 checkpoint search path like any learned part, and only for the backbone fingerprint they were measured with).
 The page, the CLI and the JSON API all read them through :func:`engine_defaults`, so one query gets one
 answer everywhere. Without a record for the live backbone the weighted sum is the default and every expander
-uses :data:`FALLBACK_NQE`; either way nQE is capped at a fraction of the gallery (``gallery_nqe``).
+uses :data:`FALLBACK_NQE`; either way nQE is capped at a fraction of the gallery (``gallery_nqe``). Each
+expander also has a *floor*: only neighbours at least that close (cosine) to the query are averaged in; with
+none that close the query is kept, so expansion never averages a composed query into unrelated images.
 """
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ from typing import Dict, Optional
 FALLBACK_METHOD = "sum"
 FALLBACK_NQE = 4
 FALLBACK_FRACTION = 0.02
+FALLBACK_FLOOR = -1.0
 PATTERN = "defaults-*.json"
 
 
@@ -27,6 +30,11 @@ class EngineDefaults:
     nqe_fraction: float = FALLBACK_FRACTION
     source: str = ""          # the record's file name, "" for the fallback
     evidence: dict = field(default_factory=dict)
+    floor: Dict[str, float] = field(default_factory=dict)
+
+    def floor_for(self, expander: str) -> float:
+        """The least cosine a neighbour needs to the query to be averaged in (-1: every neighbour)."""
+        return float(self.floor.get(expander, FALLBACK_FLOOR))
 
     def nqe_for(self, expander: str) -> int:
         return int(self.nqe.get(expander, FALLBACK_NQE))
@@ -71,8 +79,9 @@ def engine_defaults(backbone, settings=None) -> EngineDefaults:
             if rec is None or rec.get("backbone_fingerprint") != backbone.fingerprint:
                 continue
             nqe = {str(k): int(v) for k, v in (rec.get("nqe") or {}).items()}
+            floor = {str(k): float(v) for k, v in (rec.get("floor") or {}).items()}
             return EngineDefaults(str(rec.get("method", FALLBACK_METHOD)), nqe,
-                                  float(rec.get("nqe_fraction", FALLBACK_FRACTION)), path.name, rec)
+                                  float(rec.get("nqe_fraction", FALLBACK_FRACTION)), path.name, rec, floor)
     return EngineDefaults()
 
 

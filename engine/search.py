@@ -21,6 +21,7 @@ from .config import MAX_K, Settings
 from .checkpoints import refusals
 from .errors import CheckpointError, EngineError, InputError
 from .expand import EXPANDERS, Expander, ExpanderUnavailable
+from .expand.base import Expansion
 from .images import DEFAULT_MAX_BYTES, decode_limits, load_image
 from .index.store import GalleryIndex
 from .share import ReferenceStore
@@ -343,8 +344,13 @@ def search(
         t = time.perf_counter()
         valid = i1[0] >= 0
         nb_ids, nb_sims = i1[0][valid][:nq], s1[0][valid][:nq]
+        floor = engine.defaults.floor_for(expand)
+        close = nb_sims >= floor   # only neighbours this close are averaged in (engine.defaults)
+        nb_ids, nb_sims = nb_ids[close], nb_sims[close]
         neighbours = engine.index.embeddings[nb_ids].astype(np.float32)
-        ex = engine.expanders[expand].expand(qvec, neighbours, nb_sims)
+        ex = (engine.expanders[expand].expand(qvec, neighbours, nb_sims) if len(nb_ids) else
+              Expansion(qvec, np.zeros(0), {"kept_because": f"no result is as close to the query as the floor "
+                                                            f"{floor:g} (cosine) this expander needs"}))
         # ranks before expansion as the search without expansion shows them: the reference left out the same way
         shown_before = [int(i) for i in i1[0][valid]
                         if not (extra and _is_reference(engine, int(i), ref_id, ref_hash, ref_vec))]
@@ -366,6 +372,7 @@ def search(
                             "path": engine.index.items[int(nb_ids[j])]["path"]} for j in top],
             **ex.explanation,
             "kept_query": bool(kept),
+            "floor": round(float(floor), 4),
             "used_neighbours": int(np.sum(np.abs(weights) > 1e-6)),
         }
         if kept:

@@ -147,3 +147,24 @@ def test_the_default_method_is_the_best_text_capable_one_on_validation_with_ties
     assert g.choose(None, None, ev({"sum": 50.0, "context-i2w": 49.0, "text": 55.0}))["method"] == "text"
     with pytest.raises(ValueError):
         g.choose(None, None, {**ev({"sum": 1.0}), "side": "test"})                                 # never on test
+
+
+def test_an_expanders_floor_keeps_the_query_when_no_neighbour_is_that_close(tmp_path, tiny, noise_index):
+    from engine.config import Settings
+    from engine.defaults import write_defaults
+    from engine.search import open_engine, search
+
+    _, idx = noise_index(tiny, 60, 32, 0)
+    s = Settings()
+    s.checkpoints = str(tmp_path / "ck")
+    write_defaults(tiny, {"method": "sum", "nqe": {"aqe": 1}, "floor": {"aqe": 0.9999}}, tmp_path / "ck")
+    eng = open_engine(idx, backbone=tiny, settings=s)
+    plain = search(eng, text="noise", method="sum", k=5)
+    kept = search(eng, text="noise", method="sum", expand="aqe", k=5, explain=True)
+    ex = kept.explanation["expansion"]
+    assert ex["kept_query"] and "0.9999" in ex["kept_because"] and ex["floor"] == 0.9999
+    assert [r.id for r in kept.results] == [r.id for r in plain.results]
+    write_defaults(tiny, {"method": "sum", "nqe": {"aqe": 1}, "floor": {"aqe": -1}}, tmp_path / "ck")
+    eng = open_engine(idx, backbone=tiny, settings=s)
+    moved = search(eng, text="noise", method="sum", expand="aqe", k=5, explain=True)
+    assert not moved.explanation["expansion"]["kept_query"] and moved.explanation["expansion"]["used_neighbours"] == 1

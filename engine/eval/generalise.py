@@ -206,7 +206,7 @@ def suite_tensors(backbone, suite: Suite):
 
 
 def rank_suite(qvecs: np.ndarray, suite: Suite, gallery, gemb, pos, expander=None, nqe: int = 0,
-               fraction: float = 1.0) -> np.ndarray:
+               fraction: float = 1.0, floor: float = -1.0) -> np.ndarray:
     """1-based best target rank of every query (reference left out); with ``expander``, re-ranked after
     expanding from the first ``gallery_nqe(nqe, gallery size)`` results of the query's own gallery."""
     from ..defaults import gallery_nqe
@@ -219,7 +219,7 @@ def rank_suite(qvecs: np.ndarray, suite: Suite, gallery, gemb, pos, expander=Non
             continue
         exps = {"x": expander} if expander is not None else None
         r = rank_queries(qvecs[sel], [suite.queries[i] for i in sel], gallery, gemb, pos, exps,
-                         nqe=gallery_nqe(nqe, len(members), fraction))
+                         nqe=gallery_nqe(nqe, len(members), fraction), floor=lambda name: floor)
         ranks[sel] = r["x" if expander is not None else "none"]
     return ranks
 
@@ -244,7 +244,8 @@ def evaluate(backbone, settings: Settings, side: str, composers: Optional[dict] 
         d = defaults or engine_defaults(backbone, settings)
         for ex_name, ex in _expanders(backbone, settings).items():
             for name, vecs in qv.items():
-                r = rank_suite(vecs, suite, gallery, gemb, pos, ex, d.nqe_for(ex_name), d.nqe_fraction)
+                r = rank_suite(vecs, suite, gallery, gemb, pos, ex, d.nqe_for(ex_name), d.nqe_fraction,
+                               d.floor_for(ex_name))
                 results[(name, ex_name)] = summarise(r, kinds)
     return {"side": side, "suite": suite.summary(), "results": results, "suite_obj": suite,
             "tensors": (gallery, gemb, pos), "vectors": qv, "kinds": kinds}
@@ -267,7 +268,8 @@ def _expanders(backbone, settings: Settings) -> dict:
 
 # -- choosing on the validation side ------------------------------------------------------------------------------
 
-NQE_GRID = (1, 2, 3, 4, 6, 8, 16, 32, 64)
+NQE_GRID = (1, 2, 4, 8, 64)
+FLOOR_GRID = (-1.0, 0.8, 0.9, 0.95)
 NQE_FRACTION = 0.02
 
 
@@ -276,8 +278,10 @@ def choose(backbone, settings: Settings, ev: dict) -> dict:
 
     * **method**: the best overall score (:func:`overall_score`) among the composers that take a text alone
       (a text-only query must work with the default); ties (within 0.5 point) go to the training-free sum;
-    * **nQE per expander**: over :data:`NQE_GRID`, capped at :data:`NQE_FRACTION` of each gallery, the value
-      whose worst R@10 change over the composers is highest (ties: the smaller nQE)."""
+    * **nQE and floor per expander**: over :data:`NQE_GRID` (capped at :data:`NQE_FRACTION` of each gallery)
+      and :data:`FLOOR_GRID` (the least cosine a neighbour needs to the query to be averaged in; -1: all), the
+      pair whose worst R@10 change over the composers is highest (ties: the lower floor, which expands more
+      often, then the smaller nQE)."""
     if ev["side"] != "val":
         raise ValueError("defaults are chosen on the validation side only")
     res = ev["results"]
@@ -289,17 +293,18 @@ def choose(backbone, settings: Settings, ev: dict) -> dict:
     gallery, gemb, pos = ev["tensors"]
     kinds = ev["kinds"]
     base = {n: r["all"]["R@10"] for (n, e), r in res.items() if e == "none"}
-    nqe, grid = {}, {}
+    nqe, floors, grid = {}, {}, {}
     for ex_name, ex in _expanders(backbone, settings).items():
         rows = {}
         for value in NQE_GRID:
-            worst = min(summarise(rank_suite(v, suite, gallery, gemb, pos, ex, value, NQE_FRACTION),
-                                  kinds)["all"]["R@10"] - base[n] for n, v in ev["vectors"].items())
-            rows[value] = round(worst, 2)
-        grid[ex_name] = rows
-        nqe[ex_name] = max(rows, key=lambda v: (rows[v], -v))
+            for fl in FLOOR_GRID:
+                worst = min(summarise(rank_suite(v, suite, gallery, gemb, pos, ex, value, NQE_FRACTION, fl),
+                                      kinds)["all"]["R@10"] - base[n] for n, v in ev["vectors"].items())
+                rows[(value, fl)] = round(worst, 2)
+        grid[ex_name] = {f"nqe {v}, floor {fl:g}": w for (v, fl), w in rows.items()}
+        nqe[ex_name], floors[ex_name] = max(rows, key=lambda vf: (rows[vf], -vf[1], -vf[0]))
     return {"method": method, "overall_val": {n: round(s, 2) for n, s in scores.items()},
-            "nqe": nqe, "nqe_fraction": NQE_FRACTION, "nqe_grid_worst_r10_change": grid}
+            "nqe": nqe, "floor": floors, "nqe_fraction": NQE_FRACTION, "grid_worst_r10_change": grid}
 
 
 def choose_defaults(backbone, settings: Settings, out: Optional[Path] = None) -> tuple:

@@ -101,11 +101,12 @@ def compose_queries(backbone, composers: dict, queries, ref_emb: torch.Tensor,
 
 
 def rank_queries(qvecs: np.ndarray, queries, gallery, gemb, pos, expanders: Optional[dict] = None,
-                 nqe=8, restrict: Optional[np.ndarray] = None) -> Dict[str, np.ndarray]:
+                 nqe=8, restrict: Optional[np.ndarray] = None, floor=None) -> Dict[str, np.ndarray]:
     """{expander name: best target rank per query (1-based)}; 'none' is the plain ranking.
 
     ``nqe``: the neighbours each expander averages, an int or ``nqe(expander name, candidates) -> int`` (the
-    page defaults: ``EngineDefaults.gallery_nqe``).
+    page defaults: ``EngineDefaults.gallery_nqe``); ``floor(expander name) -> float``: only neighbours at least
+    that close to the query are averaged in, none that close keeps the query (``EngineDefaults.floor_for``).
 
     ``restrict`` (Q, R) gallery ids: only these candidates can be returned (a compact index's
     Hamming short-list); the others rank last."""
@@ -124,8 +125,10 @@ def rank_queries(qvecs: np.ndarray, queries, gallery, gemb, pos, expanders: Opti
             if name != "none":
                 k = nqe(name, len(cand)) if callable(nqe) else nqe
                 order = np.argsort(-first, kind="stable")[:k]
-                ex = expanders[name].expand(qvecs[qi], vecs[order], first[order])
-                s = vecs @ ex.vector
+                if floor is not None:
+                    order = order[first[order] >= floor(name)]
+                if len(order):
+                    s = vecs @ expanders[name].expand(qvecs[qi], vecs[order], first[order]).vector
             r = first_hit_ranks(s[None], np.isin(cand, list(targets))[None])[0]
             ranks[name][qi] = int(r) + 1 if np.isfinite(r) else len(cand) + 1
     return ranks
@@ -143,11 +146,13 @@ def evaluate_cir(backbone, settings: Settings, split: str = "test", nqe: int = 0
     from ..defaults import engine_defaults
     from ..expand import EXPANDERS, ExpanderUnavailable
 
-    nqe_note = f"nQE = {nqe} for every expander"
+    nqe_note, floor = f"nQE = {nqe} for every expander, no floor", None
     if not nqe:
         d = engine_defaults(backbone, settings)
-        chosen = ", ".join(f"{k} {v}" for k, v in sorted(d.nqe.items())) or f"{d.nqe_for('any')} for every expander"
-        nqe, nqe_note = d.gallery_nqe, f"nQE at the page defaults ({chosen}; at most {d.nqe_fraction:.0%} of the gallery)"
+        chosen = ", ".join(f"{k} {v} (floor {d.floor_for(k):g})" for k, v in sorted(d.nqe.items())) or \
+            f"{d.nqe_for('any')} for every expander"
+        nqe, floor = d.gallery_nqe, d.floor_for
+        nqe_note = f"nQE at the page defaults ({chosen}; at most {d.nqe_fraction:.0%} of the gallery)"
 
     queries, gallery, gemb, pos = cir_tensors(backbone, split)
     ref_emb = torch.from_numpy(gemb[[pos[q["reference"]] for q in queries]])
@@ -176,7 +181,7 @@ def evaluate_cir(backbone, settings: Settings, split: str = "test", nqe: int = 0
     timings = {}
     all_vecs = compose_queries(backbone, composers, queries, ref_emb, timings)
     for name, qvecs in all_vecs.items():
-        ranks = rank_queries(qvecs, queries, gallery, gemb, pos, expanders, nqe=nqe)
+        ranks = rank_queries(qvecs, queries, gallery, gemb, pos, expanders, nqe=nqe, floor=floor)
         if ics is not None:  # the compact index: Hamming short-list of R, then exact re-rank
             _, short = ics.search(qvecs, ics_rerank)
             ranks[f"none @ {ics.kind} (R={ics_rerank})"] = rank_queries(qvecs, queries, gallery, gemb, pos,
