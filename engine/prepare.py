@@ -286,7 +286,12 @@ def prepare(backbone: str = "auto", out: Optional[os.PathLike] = None, parts: Se
         row.seconds = round(time.perf_counter() - t0, 1)
         rows.append(row)
     if any(r.part in ("rtic", "context-i2w") and r.source != "failed" for r in rows):
-        rows.append(_prepare_defaults(bb, out, search, force))
+        if time.perf_counter() < deadline:
+            rows.append(_prepare_defaults(bb, out, search, force))
+        else:  # part of the budget like training; the fallback defaults hold until it runs
+            rows.append(Row("defaults", "skipped", error="the budget is spent: the weighted sum and the fallback "
+                            "expansion defaults apply until `python -m engine eval generalise --side val --choose "
+                            "--out DIR` runs"))
     return rows
 
 

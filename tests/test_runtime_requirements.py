@@ -65,6 +65,12 @@ def test_prepare_runs_from_the_runtime_requirements_alone(tmp_path):
     assert "pytest" in blocked and "spacy" not in blocked
     out, empty = tmp_path / "prepared", tmp_path / "empty"
     empty.mkdir()
+    from engine.config import cache_dir
+
+    (tmp_path / "cache").mkdir()
+    for shared in ("datasets", "tone"):  # data, not packages: the built offline sets and the suite's photo edits
+        if (cache_dir() / shared).is_dir():
+            (tmp_path / "cache" / shared).symlink_to(cache_dir() / shared, target_is_directory=True)
     env = {**os.environ, "CIS_CACHE_DIR": str(tmp_path / "cache"), "CIS_CHECKPOINTS": str(empty),
            "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}  # only Python packages are isolated
     proc = subprocess.run([sys.executable, "-c", BLOCKER, ",".join(blocked), "prepare", "--backbone", "tiny",
