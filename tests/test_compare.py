@@ -159,7 +159,6 @@ def test_compare_html_columns_shared_marks_and_alt_text(gallery_engine):
     found = {i: len(keys) for i, keys in data["shared"].items()}
     n_marked = sum(1 for c in ran for r in c["response"]["results"] if found.get(str(r["id"]), 0) >= need)
     assert len(ran) >= 4 and html.count('class="cmp-item shared"') == n_marked > 0
-    assert any(0 < n < need for n in found.values())  # some shared results stay unmarked
     assert column_dom_id("sum+lattqe") == "compare-col-sum-lattqe"
     evil = json.loads(json.dumps(data))
     evil["columns"][0]["response"]["results"][0]["caption"] = '<script>alert(1)</script>"'

@@ -27,7 +27,7 @@ LAYERS: List[Tuple[str, Set[str]]] = [
     ("stored parts and links", {"checkpoints", "fetch", "share", "export"}),
     ("model parts", {"backbones", "compose", "expand", "index"}),
     ("search", {"search", "defaults"}),
-    ("serving", {"service", "batching", "compare"}),
+    ("serving", {"service", "batching", "compare", "prebuilt"}),
     ("offline: data, evaluation, training, benchmarks", {"data", "eval", "train", "prepare", "background",
                                                          "loadtest", "bench"}),
     ("entry points", {"cli", "__main__", "demo", "app"}),

@@ -125,8 +125,10 @@ def read_pair_folder(folder: Path) -> List[Pair]:
 def recoloured_pairs(split: str = "train") -> List[Pair]:
     """The offline CIR set's recoloured images with a caption that names the new colour
     ("blue hammer, a tool"): the colour edits are images the captions set does not hold."""
+    from ..data.builders import ensure_built
     from ..data.cir_triplets import load_offline_cir
 
+    ensure_built("cir")  # the explicit build step (quick when built)
     out, seen = [], set()
     for t in load_offline_cir(split, hold_out=True):  # held-out sources: engine.data.heldout
         cap = t.meta.get("reference_caption")
