@@ -177,7 +177,8 @@ def test_restore_from_link_and_history_rerun(gallery_engine):
     image, text, method, alpha, k, lattqe_on, expander, nqe, gallery, expl, raw, ids, html, qs, hist, _, last = out
     assert image == str(gallery_engine.index.image_path(7)) and text == "the same but red"
     assert (method, alpha, k, lattqe_on, expander, nqe) == ("sum", 0.3, 5, False, "aqe", 16)
-    direct = search(gallery_engine, image=7, text="the same but red", alpha=0.3, k=5, expand="aqe", nqe=16)
+    direct = search(gallery_engine, image=7, text="the same but red", alpha=0.3, k=5, expand="aqe", nqe=16,
+                    exclude_reference=True)  # as the page does by default
     assert ids == [r.id for r in direct.results] and json.loads(raw)["results"] == last["results"]
     assert "Why each result" in expl and html == ""
     assert len(hist) == 1 and hist[0]["qs"] == qs and "view" not in qs
