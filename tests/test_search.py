@@ -98,7 +98,10 @@ def test_long_text_is_truncated_with_a_notice(gallery_engine):
 def test_first_stage_search_runs_once_with_expansion(gallery_engine, monkeypatch):
     """With expansion the first-stage neighbours are the ones expanded from: the gallery is searched once
     before expanding and once after, and the ranking equals expanding the composed query by hand."""
+    from dataclasses import replace
+
     eng = gallery_engine
+    monkeypatch.setattr(eng, "defaults", replace(eng.defaults, floor={"aqe": -1.0}))  # every neighbour is used
     calls = []
     real = eng.index.search
 
