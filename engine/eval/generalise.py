@@ -252,18 +252,9 @@ def evaluate(backbone, settings: Settings, side: str, composers: Optional[dict] 
 
 
 def _expanders(backbone, settings: Settings) -> dict:
-    from ..expand import EXPANDERS, ExpanderUnavailable
+    from .offline import available_expanders
 
-    out = {}
-    for name in EXPANDERS:
-        if name == "none":
-            continue
-        try:
-            out[name] = EXPANDERS.get(name)(embed_dim=backbone.embed_dim, checkpoint_dir=settings.checkpoints,
-                                            fingerprint=backbone.fingerprint)
-        except ExpanderUnavailable:
-            pass
-    return out
+    return available_expanders(backbone, settings)
 
 
 # -- choosing on the validation side ------------------------------------------------------------------------------

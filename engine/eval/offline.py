@@ -139,12 +139,29 @@ def recall(ranks: np.ndarray, ks=KS) -> Dict[str, float]:
     return recall_from_ranks(np.asarray(ranks) - 1, ks)
 
 
+def available_expanders(backbone, settings: Settings, skipped: Optional[dict] = None) -> dict:
+    """{name: expander} of every registered expander (but "none") available for ``backbone``; the others'
+    reasons go into ``skipped`` as "expander NAME"."""
+    from ..expand import EXPANDERS, ExpanderUnavailable
+
+    out = {}
+    for name in EXPANDERS:
+        if name == "none":
+            continue
+        try:
+            out[name] = EXPANDERS.get(name)(embed_dim=backbone.embed_dim, checkpoint_dir=settings.checkpoints,
+                                            fingerprint=backbone.fingerprint)
+        except ExpanderUnavailable as exc:
+            if skipped is not None:
+                skipped[f"expander {name}"] = str(exc)
+    return out
+
+
 def evaluate_cir(backbone, settings: Settings, split: str = "test", nqe: int = 0, ics_type: str = "ics-64",
                  ics_rerank: int = 64):
     """Recall@K of every available composer, with and without each expander (``nqe`` 0: each expander at
     the page defaults for its gallery, engine.defaults)."""
     from ..defaults import engine_defaults
-    from ..expand import EXPANDERS, ExpanderUnavailable
 
     nqe_note, floor = f"nQE = {nqe} for every expander, no floor", None
     if not nqe:
@@ -157,15 +174,7 @@ def evaluate_cir(backbone, settings: Settings, split: str = "test", nqe: int = 0
     queries, gallery, gemb, pos = cir_tensors(backbone, split)
     ref_emb = torch.from_numpy(gemb[[pos[q["reference"]] for q in queries]])
     composers, skipped = cir_composers(backbone, settings)
-    expanders = {}
-    for name in EXPANDERS:
-        if name == "none":
-            continue
-        try:
-            expanders[name] = EXPANDERS.get(name)(embed_dim=backbone.embed_dim, checkpoint_dir=settings.checkpoints,
-                                                  fingerprint=backbone.fingerprint)
-        except ExpanderUnavailable as exc:
-            skipped[f"expander {name}"] = str(exc)
+    expanders = available_expanders(backbone, settings, skipped)
     ics = None
     try:
         from ..index.vectors import create_vector_index
