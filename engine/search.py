@@ -274,12 +274,45 @@ def search(
 
     ``image`` may be a path, bytes, a PIL image, or an int gallery id. ``method`` None: the engine's default
     (:attr:`SearchEngine.default_method`); ``nqe`` None or 0: the expander's default for this gallery's size
-    (engine.defaults). Returns ranked results with per-stage timings in milliseconds. ``exclude_reference`` leaves a gallery image used as the reference
-    out of its own results (the CIRR convention; the UI, CLI and API turn it on by default).
+    (engine.defaults). Returns ranked results with per-stage timings in milliseconds. ``exclude_reference`` leaves
+    a gallery image used as the reference out of its own results (the CIRR convention; the UI, CLI and API turn
+    it on by default). Stages: validate -> compose -> first stage (+ expand) -> collect.
     """
     t0 = time.perf_counter()
     timings: Dict[str, float] = {}
-    notices: List[str] = []
+    text, negative_text, method, alpha, k, nqe, expand = _validate(engine, image, text, negative_text, method,
+                                                                   alpha, k, nqe, expand)
+    query, comp, ref = _compose(engine, image, text, negative_text, alpha, method, timings)
+    notices: List[str] = list(comp.notices)
+    qvec = comp.vector.astype(np.float32)
+    n = len(engine.index)
+    # the reference (by gallery id, content hash or an identical embedding) is dropped after the search,
+    # so a few more are fetched to still return k
+    extra = 4 if exclude_reference and query.has_image else 0
+    ref = ref + ((query.image_embedding.detach().float().cpu().numpy().astype(np.float32)
+                  if extra and query.image_embedding is not None else None),)
+    # one first-stage search: the results themselves, or (with expansion) the nQE neighbours to expand from
+    # and, in the same pass, the ranking without expansion that the display compares against
+    nq = max(1, min(nqe or engine.defaults.gallery_nqe(expand, n), n))
+    n1 = min(n, max(nq, k + extra)) if expand != "none" else min(n, k + extra)
+    t = time.perf_counter()
+    s1, i1 = engine.index.search(qvec[None], n1)
+    timings["search"] = (time.perf_counter() - t) * 1e3
+    explanation: Dict[str, Any] = {"composer": comp.explanation}
+    scores, ids, first_rank = s1, i1, {}
+    if expand != "none":
+        qvec, scores, ids, first_rank, explanation["expansion"] = _expand(
+            engine, expand, qvec, s1, i1, nq, k + extra, extra, ref, timings)
+    results = _collect(engine, scores[0], ids[0], k, extra, ref, first_rank if expand != "none" else None)
+    if explain:
+        _explain(engine, results, query, qvec)
+    timings["total"] = (time.perf_counter() - t0) * 1e3
+    return SearchResponse(results, {k_: round(v, 3) for k_, v in timings.items()}, method, expand,
+                          explanation, notices, ref[1])
+
+
+def _validate(engine: SearchEngine, image, text, negative_text, method, alpha, k, nqe, expand) -> tuple:
+    """The arguments checked and normalised (one sentence for each mistake, nothing computed yet)."""
     text = _check_text(text, engine.settings.max_text_chars)
     negative_text = _check_text(negative_text, engine.settings.max_text_chars)
     method = method or engine.default_method
@@ -306,10 +339,13 @@ def search(
         raise InputError(f"unknown expansion {expand!r}; available: {', '.join(engine.expanders)}")
     if image is None and text is None:
         raise InputError("give a reference image, a modification text, or both")
+    return text, negative_text, method, alpha, k, nqe, expand
 
+
+def _compose(engine: SearchEngine, image, text, negative_text, alpha, method, timings) -> tuple:
+    """(query, composition, (reference gallery id, reference hash)) with the encode and compose timings."""
     query = Query(text=text, alpha=alpha, negative_text=negative_text)
-    ref_hash = None
-    ref_id = None
+    ref_hash = ref_id = None
     if image is not None:
         t = time.perf_counter()
         ref_hash, emb, tokens, hit = engine.reference_features(image)
@@ -317,85 +353,72 @@ def search(
         timings["encode_image"] = (time.perf_counter() - t) * 1e3
         timings["image_cache_hit"] = float(hit)
         ref_id = int(image) if isinstance(image, (int, np.integer)) else None
-    composer = engine.composers[method]
     t = time.perf_counter()
     with torch.no_grad():
-        comp = composer.compose(query)
+        comp = engine.composers[method].compose(query)
     timings["compose"] = (time.perf_counter() - t) * 1e3
-    notices += comp.notices
-    qvec = comp.vector.astype(np.float32)
+    return query, comp, (ref_id, ref_hash)
+
+
+def _expand(engine: SearchEngine, expand: str, qvec, s1, i1, nq: int, n_out: int, extra: int, ref, timings):
+    """(query vector, scores, ids, rank before expansion by id, the expansion's explanation) after expanding
+    from the first-stage neighbours at least as close as the expander's floor (none: the query is kept)."""
     n = len(engine.index)
-    # the reference (by gallery id, content hash or an identical embedding) is dropped after the search,
-    # so a few more are fetched to still return k
-    extra = 4 if exclude_reference and query.has_image else 0
-    ref_vec = (query.image_embedding.detach().float().cpu().numpy().astype(np.float32)
-               if extra and query.image_embedding is not None else None)
-    # one first-stage search: the results themselves, or (with expansion) the nQE neighbours to expand from
-    # and, in the same pass, the ranking without expansion that the display compares against
-    nq = max(1, min(nqe or engine.defaults.gallery_nqe(expand, n), n))
-    n1 = min(n, max(nq, k + extra)) if expand != "none" else min(n, k + extra)
     t = time.perf_counter()
-    s1, i1 = engine.index.search(qvec[None], n1)
-    timings["search"] = (time.perf_counter() - t) * 1e3
-    explanation: Dict[str, Any] = {"composer": comp.explanation}
-    scores, ids = s1, i1
-    first_rank: Dict[int, int] = {}
-    if expand != "none":
-        t = time.perf_counter()
-        valid = i1[0] >= 0
-        nb_ids, nb_sims = i1[0][valid][:nq], s1[0][valid][:nq]
-        floor = engine.defaults.floor_for(expand)
-        close = nb_sims >= floor   # only neighbours this close are averaged in (engine.defaults)
-        nb_ids, nb_sims = nb_ids[close], nb_sims[close]
-        neighbours = engine.index.embeddings[nb_ids].astype(np.float32)
-        ex = (engine.expanders[expand].expand(qvec, neighbours, nb_sims) if len(nb_ids) else
-              Expansion(qvec, np.zeros(0), {"kept_because": f"no result is as close to the query as the floor "
-                                                            f"{floor:g} (cosine) this expander needs"}))
-        # ranks before expansion as the search without expansion shows them: the reference left out the same way
-        shown_before = [int(i) for i in i1[0][valid]
-                        if not (extra and _is_reference(engine, int(i), ref_id, ref_hash, ref_vec))]
-        first_rank = {i: r for r, i in enumerate(shown_before)}
-        new_vec = ex.vector.astype(np.float32)
-        weights = np.asarray(ex.weights, dtype=np.float64)
-        kept = not np.any(np.abs(weights) > 1e-6) or bool(np.allclose(new_vec, qvec, atol=1e-6))
-        timings["expand"] = (time.perf_counter() - t) * 1e3
-        if kept:   # the expander returned the query itself: the first pass is the answer, nothing moved
-            scores, ids = s1[:, :min(n, k + extra)], i1[:, :min(n, k + extra)]
-        else:
-            qvec = new_vec
-            scores, ids = engine.index.search(qvec[None], min(n, k + extra))
-        top = [j for j in np.argsort(-np.abs(weights))[:10] if abs(weights[j]) > 1e-6]
-        explanation["expansion"] = {
-            "method": expand,
-            "nqe": int(nq),
-            "neighbours": [{"id": int(nb_ids[j]), "weight": float(weights[j]),
-                            "path": engine.index.items[int(nb_ids[j])]["path"]} for j in top],
-            **ex.explanation,
-            "kept_query": bool(kept),
-            "floor": round(float(floor), 4),
-            "used_neighbours": int(np.sum(np.abs(weights) > 1e-6)),
-        }
-        if kept:
-            explanation["expansion"]["weights"] = []   # all zero: nothing to show
+    valid = i1[0] >= 0
+    nb_ids, nb_sims = i1[0][valid][:nq], s1[0][valid][:nq]
+    floor = engine.defaults.floor_for(expand)
+    close = nb_sims >= floor   # only neighbours this close are averaged in (engine.defaults)
+    nb_ids, nb_sims = nb_ids[close], nb_sims[close]
+    neighbours = engine.index.embeddings[nb_ids].astype(np.float32)
+    ex = (engine.expanders[expand].expand(qvec, neighbours, nb_sims) if len(nb_ids) else
+          Expansion(qvec, np.zeros(0), {"kept_because": f"no result is as close to the query as the floor "
+                                                        f"{floor:g} (cosine) this expander needs"}))
+    # ranks before expansion as the search without expansion shows them: the reference left out the same way
+    shown_before = [int(i) for i in i1[0][valid] if not (extra and _is_reference(engine, int(i), *ref))]
+    first_rank = {i: r for r, i in enumerate(shown_before)}
+    new_vec = ex.vector.astype(np.float32)
+    weights = np.asarray(ex.weights, dtype=np.float64)
+    kept = not np.any(np.abs(weights) > 1e-6) or bool(np.allclose(new_vec, qvec, atol=1e-6))
+    timings["expand"] = (time.perf_counter() - t) * 1e3
+    if kept:   # the expander returned the query itself: the first pass is the answer, nothing moved
+        scores, ids = s1[:, :min(n, n_out)], i1[:, :min(n, n_out)]
+    else:
+        qvec = new_vec
+        scores, ids = engine.index.search(qvec[None], min(n, n_out))
+    top = [j for j in np.argsort(-np.abs(weights))[:10] if abs(weights[j]) > 1e-6]
+    explanation = {
+        "method": expand,
+        "nqe": int(nq),
+        "neighbours": [{"id": int(nb_ids[j]), "weight": float(weights[j]),
+                        "path": engine.index.items[int(nb_ids[j])]["path"]} for j in top],
+        **ex.explanation,
+        "kept_query": bool(kept),
+        "floor": round(float(floor), 4),
+        "used_neighbours": int(np.sum(np.abs(weights) > 1e-6)),
+    }
+    if kept:
+        explanation["weights"] = []   # all zero: nothing to show
+    return qvec, scores, ids, first_rank, explanation
+
+
+def _collect(engine: SearchEngine, scores, ids, k: int, extra: int, ref, first_rank: Optional[dict]) -> List[Result]:
+    """The first ``k`` results (the reference left out when ``extra``), with their rank before expansion."""
     results: List[Result] = []
-    for s, i in zip(scores[0], ids[0]):
+    for s, i in zip(scores, ids):
         if i < 0:
             continue
-        if extra and _is_reference(engine, int(i), ref_id, ref_hash, ref_vec):
+        if extra and _is_reference(engine, int(i), *ref):
             continue
         if len(results) >= k:
             break
         it = engine.index.items[int(i)]
         r = Result(rank=len(results) + 1, id=int(i), path=it["path"], score=float(s), caption=it.get("caption", ""))
-        if expand != "none":
+        if first_rank is not None:
             before = first_rank.get(int(i))
             r.explain["rank_before_expansion"] = None if before is None else before + 1
         results.append(r)
-    if explain:
-        _explain(engine, results, query, qvec)
-    timings["total"] = (time.perf_counter() - t0) * 1e3
-    return SearchResponse(results, {k_: round(v, 3) for k_, v in timings.items()}, method, expand,
-                          explanation, notices, ref_hash)
+    return results
 
 
 def _is_reference(engine: SearchEngine, i: int, ref_id, ref_hash, ref_vec) -> bool:
