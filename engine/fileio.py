@@ -63,3 +63,17 @@ def atomic_save_npy(path: PathLike, array) -> Path:
     buf = io.BytesIO()
     np.save(buf, np.asarray(array), allow_pickle=False)
     return atomic_write_bytes(path, buf.getvalue())
+
+
+def atomic_save_figure(fig, path: PathLike, dpi: int = 110) -> Path:
+    """Writes a matplotlib figure as PNG atomically (temporary file, then rename) and closes it."""
+    import matplotlib.pyplot as plt
+
+    path = Path(path)
+    fig.tight_layout()
+    try:
+        with atomic_path(path) as tmp:
+            fig.savefig(tmp, dpi=dpi, format="png")
+    finally:
+        plt.close(fig)
+    return path

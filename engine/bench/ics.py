@@ -387,16 +387,9 @@ def plot_maps(fig: Dict, path: Path) -> Path:
         ax.set_ylabel(f"mAP@{t['top']}")
         ax.set_title(t["set"], fontsize=9)
         ax.legend(fontsize=8)
-    f.tight_layout()
-    path = Path(path)
-    from ..fileio import atomic_path
+    from ..fileio import atomic_save_figure
 
-    try:
-        with atomic_path(path) as tmp:
-            f.savefig(tmp, dpi=110, format="png")
-    finally:
-        plt.close(f)
-    return path
+    return atomic_save_figure(f, path)
 
 
 @SECTIONS.register("ics")

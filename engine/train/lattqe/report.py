@@ -141,17 +141,9 @@ def plot_curves(result: Dict, path, title: str = "mAP vs nQE (held-out classes)"
 
 def _save_figure(fig, path: Path) -> Path:
     """Write a matplotlib figure atomically (temporary file, then rename) and close it."""
-    import matplotlib.pyplot as plt
+    from ...fileio import atomic_save_figure
 
-    from ...fileio import atomic_path
-
-    fig.tight_layout()
-    try:
-        with atomic_path(path) as tmp:
-            fig.savefig(tmp, dpi=110, format="png")
-    finally:
-        plt.close(fig)
-    return path
+    return atomic_save_figure(fig, path)
 
 
 def plot_history(history: List[Dict], path) -> Path:
