@@ -223,7 +223,8 @@ def build_demo(settings: Optional[Settings] = None, engine: Optional[SearchEngin
                     """The rest of a search once its inputs are set: results, history, share link."""
                     return (event.success(after_search, inputs + [raw, history], post, api_name=False)
                             .success(h.expansion_done, [raw], [c.lattqe_did], api_name=False, show_progress="hidden")
-                            .success(h.search_shown, None, [compare_out, gallery], api_name=False)
+                            .success(h.search_shown, None, [compare_out, gallery], api_name=False,
+                                      show_progress="hidden")
                             .success(None, [qs, share_link], share_link, js=SET_URL_JS, api_name=False))
 
                 for trigger, api in ((c.button.click, "search"), (text.submit, False)):
@@ -235,7 +236,8 @@ def build_demo(settings: Optional[Settings] = None, engine: Optional[SearchEngin
                 (c.compare_btn.click(compare_fn, [image, text, alpha, k, lattqe, nqe, keep_out], [compare_out, raw],
                                      api_name="compare", concurrency_limit=2)
                  .success(after_compare, inputs + [raw, history], post, api_name=False)
-                 .success(h.compare_cleared, [raw], [gallery, ids, explanation], api_name=False)
+                 .success(h.compare_cleared, [raw], [gallery, ids, explanation], api_name=False,
+                          show_progress="hidden")
                  .success(lambda: gr.update(value="", visible=False), None, [c.lattqe_did], api_name=False,
                           show_progress="hidden")
                  .success(None, [qs, share_link], share_link, js=SET_URL_JS, api_name=False))
