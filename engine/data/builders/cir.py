@@ -14,14 +14,30 @@ from .common import (CATEGORY_QUERIES_PER_IMAGE, MIN_CATEGORY_IMAGES, RECOLOUR_T
                      assign_split, category_text, emoji_group_splits)
 
 
+Splits = dict[str, list[dict]]  # split name -> its records (queries or gallery entries)
+
+
 def build_cir(out: Path, inp: Inputs, seed: int) -> dict:
     """Composed retrieval queries + galleries; returns the manifest's counts."""
-    rng = random.Random(seed)
     img_root = out / IMAGES_DIRNAME
-    queries: dict[str, list[dict]] = {s: [] for s in SPLITS}
-    gallery: dict[str, list[dict]] = {s: [] for s in SPLITS}
+    queries: Splits = {s: [] for s in SPLITS}
+    gallery: Splits = {s: [] for s in SPLITS}
+    cross_split = _twemoji_part(img_root, inp, seed, queries, gallery)
+    # (b) recoloured photos and (c) category changes: only photos with a category, so every photo in
+    # the "photos" gallery has exactly one category and category targets are complete.
+    photos = [p for p in inp.photos if p.category]
+    split_photo_images, recolour_stats = _recolour_part(img_root, photos, seed, queries, gallery)
+    for split in SPLITS:
+        queries[split].extend(_category_queries(split, split_photo_images[split], gallery[split], seed))
+    return {"counts": _write_splits(out, queries, gallery), "recolour_analysis": dict(sorted(recolour_stats.items())),
+            "twemoji_queries_dropped_across_splits": cross_split,
+            "sources": {**_twemoji_sources(inp), **_photo_sources(inp)}}
 
-    # (a) Twemoji attribute variants
+
+def _twemoji_part(img_root: Path, inp: Inputs, seed: int, queries: Splits, gallery: Splits) -> int:
+    """(a) Twemoji attribute variants: every emoji into its group's gallery, one query per variant edge
+    whose two ends share a split. Returns how many edges were dropped for crossing splits."""
+    rng = random.Random(seed)
     groups = _emoji_groups(inp)
     gsplit = emoji_group_splits(inp.emojis, seed)
     by_key = {e.key: e for e in inp.emojis}
@@ -43,10 +59,13 @@ def build_cir(out: Path, inp: Inputs, seed: int) -> dict:
             "group": groups[src.key], "attribute": edge.value,
             "reference_caption": twemoji.caption(src), "target_caption": twemoji.caption(dst),
         })
+    return cross_split
 
-    # (b) recoloured photos and (c) category changes: only photos with a category, so every photo in
-    # the "photos" gallery has exactly one category and category targets are complete.
-    photos = [p for p in inp.photos if p.category]
+
+def _recolour_part(img_root: Path, photos: list, seed: int, queries: Splits,
+                   gallery: Splits) -> tuple[dict[str, list[tuple[str, str]]], Counter]:
+    """(b) Every photo into its split's gallery, with its recoloured copies and one query per copy.
+    Returns each split's (image, category) pairs, originals and copies, and the recolour analysis tally."""
     photo_split = {p.key: assign_split(p.group, seed) for p in photos}
     split_photo_images: dict[str, list[tuple[str, str]]] = {s: [] for s in SPLITS}  # (rel, category)
     recolour_stats = Counter()
@@ -57,49 +76,69 @@ def build_cir(out: Path, inp: Inputs, seed: int) -> dict:
         gallery[split].append({"image": rel, "gallery": "photos", "group": p.group, "caption": p.caption,
                                "category": p.category, "source": p.source})
         split_photo_images[split].append((rel, p.category))
-        img = Image.open(p.path)
-        img.load()
-        analysis, reason = recolour.analyse(img)
-        recolour_stats[reason] += 1
-        if analysis is None:
+        recolour_stats[_recolour_photo(img_root, p, rel, seed, queries[split], gallery[split],
+                                       split_photo_images[split])] += 1
+    return split_photo_images, recolour_stats
+
+
+def _recolour_photo(img_root: Path, p, rel: str, seed: int, queries: list[dict], gallery: list[dict],
+                    photo_images: list[tuple[str, str]]) -> str:
+    """Recoloured copies of one photo (up to RECOLOUR_TARGETS_PER_IMAGE, seeded per photo) into one
+    split's gallery and queries; returns the analysis' reason (why it was or was not recoloured)."""
+    img = Image.open(p.path)
+    img.load()
+    analysis, reason = recolour.analyse(img)
+    if analysis is None:
+        return reason
+    options = recolour.target_colours(analysis)
+    prng = random.Random(f"{seed}:{p.key}")
+    for colour in sorted(prng.sample(options, min(RECOLOUR_TARGETS_PER_IMAGE, len(options)))):
+        target_img = recolour.recolour(img, colour, analysis)
+        target_rel = f"recoloured/{p.key}__{colour}.png"
+        target_path = img_root / target_rel
+        target_path.parent.mkdir(parents=True, exist_ok=True)
+        target_img.save(target_path, format="PNG")
+        gallery.append({"image": target_rel, "gallery": "photos", "group": p.group,
+                        "caption": None, "category": p.category, "source": p.source,
+                        "recoloured_from": rel, "colour": colour})
+        photo_images.append((target_rel, p.category))
+        queries.append({
+            "id": f"recolour:{p.key}:{colour}", "kind": "recolour", "gallery": "photos",
+            "reference": rel, "text": f"make it {colour}", "targets": [target_rel], "group": p.group,
+            "attribute": colour, "source_colour": analysis.name, "source_hue": round(analysis.hue, 1),
+            "mask": analysis.mask_kind, "reference_caption": p.caption,
+        })
+    return reason
+
+
+def _category_queries(split: str, photo_images: list[tuple[str, str]], gallery: list[dict],
+                      seed: int) -> list[dict]:
+    """(c) Category changes in one split: from each original photo to up to CATEGORY_QUERIES_PER_IMAGE
+    other categories with at least MIN_CATEGORY_IMAGES originals; every image of the category is a target."""
+    by_cat: dict[str, list[str]] = defaultdict(list)
+    originals = [(rel, cat) for rel, cat in photo_images if rel.startswith("photos/")]
+    for rel, cat in photo_images:
+        by_cat[cat].append(rel)  # recoloured copies are still images of their category
+    eligible = sorted(c for c in by_cat if sum(1 for r, k in originals if k == c) >= MIN_CATEGORY_IMAGES)
+    crng = random.Random(f"{seed}:category:{split}")
+    group_of = {g["image"]: g["group"] for g in gallery}
+    queries = []
+    for rel, cat in sorted(originals):
+        others = [c for c in eligible if c != cat]
+        if not others:
             continue
-        options = recolour.target_colours(analysis)
-        prng = random.Random(f"{seed}:{p.key}")
-        for colour in sorted(prng.sample(options, min(RECOLOUR_TARGETS_PER_IMAGE, len(options)))):
-            target_img = recolour.recolour(img, colour, analysis)
-            target_rel = f"recoloured/{p.key}__{colour}.png"
-            target_path = img_root / target_rel
-            target_path.parent.mkdir(parents=True, exist_ok=True)
-            target_img.save(target_path, format="PNG")
-            gallery[split].append({"image": target_rel, "gallery": "photos", "group": p.group,
-                                   "caption": None, "category": p.category, "source": p.source,
-                                   "recoloured_from": rel, "colour": colour})
-            split_photo_images[split].append((target_rel, p.category))
-            queries[split].append({
-                "id": f"recolour:{p.key}:{colour}", "kind": "recolour", "gallery": "photos",
-                "reference": rel, "text": f"make it {colour}", "targets": [target_rel], "group": p.group,
-                "attribute": colour, "source_colour": analysis.name, "source_hue": round(analysis.hue, 1),
-                "mask": analysis.mask_kind, "reference_caption": p.caption,
+        group = group_of[rel]
+        for target_cat in sorted(crng.sample(others, min(CATEGORY_QUERIES_PER_IMAGE, len(others)))):
+            queries.append({
+                "id": f"category:{rel}>{target_cat}", "kind": "category", "gallery": "photos",
+                "reference": rel, "text": category_text(target_cat), "targets": sorted(by_cat[target_cat]),
+                "group": group, "attribute": target_cat, "reference_category": cat,
             })
-    for split in SPLITS:
-        by_cat: dict[str, list[str]] = defaultdict(list)
-        originals = [(rel, cat) for rel, cat in split_photo_images[split] if rel.startswith("photos/")]
-        for rel, cat in split_photo_images[split]:
-            by_cat[cat].append(rel)  # recoloured copies are still images of their category
-        eligible = sorted(c for c in by_cat if sum(1 for r, k in originals if k == c) >= MIN_CATEGORY_IMAGES)
-        crng = random.Random(f"{seed}:category:{split}")
-        group_of = {g["image"]: g["group"] for g in gallery[split]}
-        for rel, cat in sorted(originals):
-            others = [c for c in eligible if c != cat]
-            if not others:
-                continue
-            group = group_of[rel]
-            for target_cat in sorted(crng.sample(others, min(CATEGORY_QUERIES_PER_IMAGE, len(others)))):
-                queries[split].append({
-                    "id": f"category:{rel}>{target_cat}", "kind": "category", "gallery": "photos",
-                    "reference": rel, "text": category_text(target_cat), "targets": sorted(by_cat[target_cat]),
-                    "group": group, "attribute": target_cat, "reference_category": cat,
-                })
+    return queries
+
+
+def _write_splits(out: Path, queries: Splits, gallery: Splits) -> dict:
+    """Each split's queries (by id) and gallery (by image) as JSON lines; returns the per-split counts."""
     counts = {}
     for split in SPLITS:
         queries[split].sort(key=lambda q: q["id"])
@@ -108,6 +147,4 @@ def build_cir(out: Path, inp: Inputs, seed: int) -> dict:
         write_jsonl(out / f"{split}_gallery.jsonl", gallery[split])
         counts[split] = {"queries": len(queries[split]), "gallery": len(gallery[split]),
                          "by_kind": dict(sorted(Counter(q["kind"] for q in queries[split]).items()))}
-    return {"counts": counts, "recolour_analysis": dict(sorted(recolour_stats.items())),
-            "twemoji_queries_dropped_across_splits": cross_split,
-            "sources": {**_twemoji_sources(inp), **_photo_sources(inp)}}
+    return counts
