@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from engine.compose import Query
 from engine.compose.anchor import Anchor, AnchorConfig, familiarity, kmeans_prototypes, load_anchor, prior, ramp
 from engine.compose.baselines import WeightedSum
-from engine.compose.rtic import RTIC, RTICComposer, RTICConfig, load_checkpoint, save_checkpoint
+from engine.compose.rtic import RTIC, RTICComposer, RTICConfig, load_rtic, save_rtic
 from engine.train.anchor_fit import FitSet, fit, kind_scores
 
 
@@ -117,8 +117,8 @@ def test_rtic_composer_with_an_anchor_round_trips_and_answers_a_text_alone(tmp_p
     bank = F.normalize(torch.randn(5, d), dim=-1)
     anchor = Anchor(AnchorConfig(weight=0.7, text_lo=0.2, text_hi=0.6), text_bank=bank,
                     image_bank=F.normalize(torch.randn(3, d), dim=-1))
-    path = save_checkpoint(tmp_path / "rtic-x.safetensors", model, tiny.fingerprint, tiny.name, anchor=anchor)
-    loaded, record = load_checkpoint(path, tiny.fingerprint)          # the anchor's tensors are not the model's
+    path = save_rtic(tmp_path / "rtic-x.safetensors", model, tiny.fingerprint, tiny.name, anchor=anchor)
+    loaded, record = load_rtic(path, tiny.fingerprint)          # the anchor's tensors are not the model's
     back = load_anchor(path, record)
     assert back.config == anchor.config and torch.allclose(back.text_bank, anchor.text_bank)
     comp = RTICComposer(tiny, loaded, record, anchor=back)
@@ -134,8 +134,8 @@ def test_rtic_composer_with_an_anchor_round_trips_and_answers_a_text_alone(tmp_p
     assert np.allclose(both.vector, want, atol=1e-5)
     assert both.explanation["trust"] == pytest.approx(float(tau[0]), abs=1e-4)
     # a checkpoint written before anchoring existed still loads, without an anchor
-    old = save_checkpoint(tmp_path / "rtic-old.safetensors", model, tiny.fingerprint, tiny.name)
-    _, rec = load_checkpoint(old, tiny.fingerprint)
+    old = save_rtic(tmp_path / "rtic-old.safetensors", model, tiny.fingerprint, tiny.name)
+    _, rec = load_rtic(old, tiny.fingerprint)
     assert load_anchor(old, rec) is None
 
 

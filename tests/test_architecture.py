@@ -142,9 +142,6 @@ SIZE_ALLOWED = {  # not split yet (issue #26 stays open for these); the list may
     "engine/train/context_i2w.py": "to be split into data / model / loop / report / cli like engine/train/lattqe/",
     "engine/train/context_i2w.py:train_mapper": "the training loop: with the split above",
     "engine/train/context_i2w.py:main": "the CLI: with the split above",
-    "engine/train/rtic.py": "to be split into data / model / loop / report / cli like engine/train/lattqe/",
-    "engine/train/rtic.py:fit": "the two-stage training loop: with the split above",
-    "engine/train/rtic.py:main": "the CLI: with the split above",
 }
 
 

@@ -63,16 +63,80 @@ def test_record_roundtrip_find_and_refusals(search):
         ck.load("lattqe", path)
 
 
-def test_rtic_records_keep_their_format_1_key_readable(search):
-    """Until RTIC's own loader moves to the record format, a file written by the layer carries both keys."""
-    from engine.compose.rtic import read_checkpoint_record
+def test_shipped_rtic_files_of_format_1_load_their_exact_weights_and_anchor():
+    """The bundled RTIC and RTIC+GCN files (format 1, never rewritten) load through load_rtic: every weight is
+    the stored tensor, the anchor's banks and ramps come with them, and the tie rule puts plain RTIC first."""
+    from safetensors.torch import load_file
 
-    rec = ck.make_record("rtic+gcn", "bb@1", {"dim": 4})
-    path = ck.write(search / "rtic-gcn-bb", {"w": torch.zeros(1)}, rec)
-    old = read_checkpoint_record(path)
-    assert old["kind"] == "rtic" and old["variant"] == "rtic+gcn" and old["backbone_fingerprint"] == "bb@1"
-    plain = ck.write(search / "rtic-bb", {"w": torch.zeros(1)}, ck.make_record("rtic", "bb@1", {"dim": 4}))
-    assert [p for p, _ in ck.find("rtic", "bb@1")] == [plain, path]  # the family, plain RTIC first
+    from engine.compose.anchor import PREFIX, load_anchor
+    from engine.compose.rtic import find_rtic, load_rtic
+
+    files = sorted((ASSETS / "checkpoints").glob("rtic*.safetensors"))
+    assert [p.name.split("-")[1] for p in files] == ["gcn", "packaged"]
+    for path in files:
+        raw = load_file(str(path))
+        model, record = load_rtic(path, ck.read_record(path)["backbone_fingerprint"])
+        assert record["format"] == 1 and record["part"] == ("rtic+gcn" if "-gcn-" in path.name else "rtic")
+        state = model.state_dict()
+        assert set(state) == {k for k in raw if not k.startswith(PREFIX)}
+        assert all(torch.equal(state[k], raw[k]) for k in state) and not model.training
+        anchor = load_anchor(path, record)
+        assert torch.equal(anchor.text_bank, torch.nn.functional.normalize(raw[PREFIX + "text_bank"].float(), dim=-1))
+        assert anchor.config.to_dict() == record["anchor"]
+    fp = ck.read_record(files[0])["backbone_fingerprint"]
+    shipped = [r["part"] for p, r in find_rtic(fp, str(ASSETS / "checkpoints")) if p.parent == ASSETS / "checkpoints"]
+    assert shipped == ["rtic", "rtic+gcn"]
+
+
+def test_an_anchored_rtic_file_saved_again_keeps_weights_anchor_and_figures(search):
+    """What engine.train.anchor_fit does with an RTIC file: the loaded record goes back in as ``extra`` with a
+    new anchor; a format-1 file comes out in the record format, with the same weights and figures."""
+    import shutil
+
+    from engine.compose.anchor import Anchor, AnchorConfig, load_anchor
+    from engine.compose.rtic import load_rtic, save_rtic
+
+    shipped = next((ASSETS / "checkpoints").glob("rtic-gcn-*.safetensors"))
+    path = search / shipped.name
+    shutil.copy(shipped, path)
+    model, record = load_rtic(path)
+    bank = torch.nn.functional.normalize(torch.randn(3, model.config.dim), dim=-1)
+    anchor = Anchor(AnchorConfig(weight=0.5), text_bank=bank, image_bank=bank)
+    extra = {k: v for k, v in record.items() if k not in ("kind", "format_version", "config", "backbone_fingerprint",
+                                                          "backbone_name", "file", "anchor", "anchor_fit")}
+    save_rtic(path, model, record["backbone_fingerprint"], record["backbone_name"], extra, anchor, variant="rtic+gcn")
+    again, new = load_rtic(path, record["backbone_fingerprint"])
+    assert new["format"] == ck.RECORD_FORMAT and new["part"] == "rtic+gcn" and new["recipe"] == record["recipe"]
+    assert all(new[k] == record[k] for k in ("held_out", "history", "graph", "eval_split", "config"))
+    assert all(torch.equal(a, b) for a, b in zip(again.state_dict().values(), model.state_dict().values()))
+    back = load_anchor(path, new)
+    assert back.config == anchor.config and torch.allclose(back.text_bank, bank)
+
+
+def test_rtic_saves_and_loads_through_the_layer_and_reads_its_format_1_files(search):
+    """RTIC writes the record format (make_record + write) and loads any format through ck.load; a file of
+    format 1 (the record only under the "rtic" metadata key, as the shipped files) gives the same weights."""
+    from engine.compose.rtic import RTIC, RTICConfig, find_rtic, load_rtic, save_rtic
+
+    torch.manual_seed(0)
+    model = RTIC(RTICConfig(dim=4, n_blocks=1)).eval()
+    path = save_rtic(search / "rtic-gcn-bb.safetensors", model, "bb@1", "bb", {"train_config": {"epochs": 1},
+                     "held_out": {"R@10": 1.0}}, variant="rtic+gcn")
+    rec = ck.read_record(path)
+    assert rec["format"] == ck.RECORD_FORMAT and rec["part"] == "rtic+gcn" and rec["recipe"] == {"epochs": 1}
+    assert rec["held_out"] == {"R@10": 1.0} and json.loads(path.with_suffix(".json").read_text())["part"] == "rtic+gcn"
+    old_record = {"kind": "rtic", "format_version": 1, "config": {"dim": 4, "n_blocks": 1, "negative_slope": 0.01},
+                  "backbone_fingerprint": "bb@1", "backbone_name": "bb", "variant": "rtic", "train_config": {"epochs": 2}}
+    plain = search / "rtic-bb.safetensors"
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(plain),
+              metadata={"rtic": json.dumps(old_record)})
+    loaded, record = load_rtic(plain, "bb@1")
+    assert record["format"] == 1 and record["part"] == "rtic" and record["recipe"] == {"epochs": 2}
+    assert all(torch.equal(a, b) for a, b in zip(loaded.state_dict().values(), model.state_dict().values()))
+    assert [p for p, _ in ck.find("rtic", "bb@1")] == [plain, path] == [p for p, _ in find_rtic("bb@1")]
+    assert [p for p, _ in find_rtic("bb@1", variant="rtic+gcn")] == [path]
+    with pytest.raises(CheckpointError, match="rtic-bb.safetensors was trained for backbone 'bb@1'"):
+        load_rtic(plain, "other@1")
 
 
 def _old_lattqe(folder):

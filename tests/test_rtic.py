@@ -17,9 +17,9 @@ from engine.compose.rtic import (
     RTICComposer,
     RTICConfig,
     count_parameters,
-    load_checkpoint,
+    load_rtic,
     load_rtic_composer,
-    save_checkpoint,
+    save_rtic,
 )
 from engine.data.cir_triplets import (
     LoadReport,
@@ -531,16 +531,16 @@ def test_checkpoint_roundtrip_and_composer(tmp_path):
     model.train()
     model(torch.randn(8, 16), torch.randn(8, 16))  # move BatchNorm running stats away from init
     model.eval()
-    save_checkpoint(tmp_path / "rtic-fake-a.safetensors", model, bb.fingerprint, bb.name, {"variant": "rtic"})
+    save_rtic(tmp_path / "rtic-fake-a.safetensors", model, bb.fingerprint, bb.name, variant="rtic")
     assert json.loads((tmp_path / "rtic-fake-a.json").read_text())["config"]["dim"] == 16
-    loaded, record = load_checkpoint(tmp_path / "rtic-fake-a.safetensors", bb.fingerprint)
+    loaded, record = load_rtic(tmp_path / "rtic-fake-a.safetensors", bb.fingerprint)
     x, t = torch.randn(3, 16), torch.randn(3, 16)
     assert torch.equal(loaded(x, t), model(x, t)) and not loaded.training
     with pytest.raises(CheckpointError, match="rtic-fake-a.safetensors"):
-        load_checkpoint(tmp_path / "rtic-fake-a.safetensors", "other@fp")
+        load_rtic(tmp_path / "rtic-fake-a.safetensors", "other@fp")
     (tmp_path / "rtic-broken.safetensors").write_bytes(b"not a checkpoint")
     with pytest.raises(CheckpointError, match="rtic-broken.safetensors"):
-        load_checkpoint(tmp_path / "rtic-broken.safetensors")
+        load_rtic(tmp_path / "rtic-broken.safetensors")
     # another backbone finds nothing; the right one gets the composer
     with pytest.raises(ComposerUnavailable):
         COMPOSERS.get("rtic")(FakeBackbone(dim=16, tag="b"), checkpoint_dir=tmp_path)
@@ -563,18 +563,18 @@ def test_checkpoint_roundtrip_and_composer(tmp_path):
     np.testing.assert_allclose(alone.vector, (img / img.norm()).numpy(), atol=1e-6)
     assert "prior_only" in alone.explanation and alone.explanation["trust"] == 0.0
     # plain RTIC is the default when both exist (never chosen by test numbers); an explicit variant picks one
-    save_checkpoint(tmp_path / "rtic-gcn-fake-a.safetensors", model, bb.fingerprint, bb.name, {"variant": "rtic+gcn"})
-    assert load_rtic_composer(bb, tmp_path).record["variant"] == "rtic"
+    save_rtic(tmp_path / "rtic-gcn-fake-a.safetensors", model, bb.fingerprint, bb.name, variant="rtic+gcn")
+    assert load_rtic_composer(bb, tmp_path).record["part"] == "rtic"
     assert load_rtic_composer(bb, tmp_path, variant="rtic").record["file"] == "rtic-fake-a.safetensors"
     # the rule is the variant (plain first), not stored test-split figures nor the file name: here the GCN
     # checkpoint has the better held-out R@10 and the earlier name, and plain RTIC is still the one loaded
     other = tmp_path / "rule"
-    save_checkpoint(other / "rtic-b-fake-a.safetensors", model, bb.fingerprint, bb.name,
-                    {"variant": "rtic", "held_out": {"R@10": 40.0}})
-    save_checkpoint(other / "rtic-a-fake-a.safetensors", model, bb.fingerprint, bb.name,
-                    {"variant": "rtic+gcn", "held_out": {"R@10": 70.0}})
+    save_rtic(other / "rtic-b-fake-a.safetensors", model, bb.fingerprint, bb.name,
+              {"variant": "rtic", "held_out": {"R@10": 40.0}})
+    save_rtic(other / "rtic-a-fake-a.safetensors", model, bb.fingerprint, bb.name,
+              {"variant": "rtic+gcn", "held_out": {"R@10": 70.0}})
     chosen = load_rtic_composer(bb, other).record
-    assert (chosen["variant"], chosen["file"]) == ("rtic", "rtic-b-fake-a.safetensors")
+    assert (chosen["part"], chosen["file"]) == ("rtic", "rtic-b-fake-a.safetensors")
     assert load_rtic_composer(bb, other, variant="rtic+gcn").record["file"] == "rtic-a-fake-a.safetensors"
 
 
@@ -588,8 +588,8 @@ def test_cli_synthetic_run_writes_checkpoints_and_report(tmp_path):
     assert len(report["history"]["rtic+gcn"]) == 2
     files = sorted(p.name for p in (tmp_path / "ckpt").glob("*.safetensors"))
     assert files == ["rtic-gcn-synthetic.safetensors", "rtic-synthetic.safetensors"]
-    _, record = load_checkpoint(tmp_path / "ckpt" / files[0], "synthetic@16-0")
-    assert record["variant"] == "rtic+gcn" and record["graph"]["nodes"] == report["train_triplets"]
+    _, record = load_rtic(tmp_path / "ckpt" / files[0], "synthetic@16-0")
+    assert record["part"] == "rtic+gcn" and record["graph"]["nodes"] == report["train_triplets"]
     # the sidecar names the split its held-out figures come from (validation for a shipped run)
     assert record["eval_split"] == "test" and record["held_out"] == report["held_out"]["rtic+gcn"]
 

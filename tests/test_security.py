@@ -310,12 +310,12 @@ def test_checkpoints_holding_a_pickle_are_refused_without_running_it(tmp_path):
     with pytest.raises(CheckpointError, match="authors.pt"):
         load_authors_checkpoint(bad)
     assert not marker.exists()
-    from engine.compose.rtic import read_checkpoint_record
+    from engine.checkpoints import read_record
 
     fake = tmp_path / "rtic-fake.safetensors"  # a pickle wearing a safetensors name
     fake.write_bytes(bad.read_bytes())
     with pytest.raises(CheckpointError, match="rtic-fake.safetensors"):
-        read_checkpoint_record(fake)
+        read_record(fake)
     assert not marker.exists()
 
 

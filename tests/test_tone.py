@@ -89,6 +89,7 @@ def _fake_cir(root):
 def test_training_uses_only_the_training_splits_photos_and_records_the_tone_validation(tmp_path, monkeypatch):
     import engine.data.builders as builders
     import engine.train.rtic as rt
+    import engine.train.rtic.cli as rt_cli
 
     monkeypatch.setenv("CIS_CACHE_DIR", str(tmp_path / "cache"))
     images = _fake_cir(tmp_path / "cache")
@@ -101,7 +102,7 @@ def test_training_uses_only_the_training_splits_photos_and_records_the_tone_vali
         seen["data"] = data
         return real(data, *a, **k)
 
-    monkeypatch.setattr(rt, "train_rtic", spy)
+    monkeypatch.setattr(rt_cli, "train_rtic", spy)  # the name the command calls
     out = tmp_path / "ck"
     rt.main(["--data", "cir", "--backbone", "tiny:tiny-vit-a", "--device", "cpu", "--tone-edits", "--epochs", "1",
              "--batch-size", "4", "--eval-split", "val", "--out", str(out), "--run-dir", str(tmp_path / "run"),

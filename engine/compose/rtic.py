@@ -18,15 +18,14 @@ only, safe); ``image_proj`` maps the reference embedding *only where it enters t
 gated skip keeps the raw ``v_src`` so that the output stays in the backbone's image space, where the
 gallery index lives (gallery vectors are never re-projected).
 
-Checkpoints are ``rtic*.safetensors`` files whose safetensors metadata (and a sidecar ``.json``) hold
-the config, the backbone fingerprint and the training record. The composer factory registered as
-``"rtic"`` loads the one matching the live backbone, else raises :class:`ComposerUnavailable`.
+Checkpoints are ``rtic[-gcn]-<backbone>.safetensors`` files of the one checkpoint layer
+(:mod:`engine.checkpoints`, parts ``rtic`` and ``rtic+gcn``): :func:`save_rtic` writes the record format,
+:func:`load_rtic` / :func:`find_rtic` read any format (the shipped files are of format 1). The composer factory
+registered as ``"rtic"`` loads the one matching the live backbone, else raises :class:`ComposerUnavailable`.
 """
 from __future__ import annotations
 
-import json
 import os
-import re
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
@@ -35,14 +34,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ..checkpoints import find, load, make_record, write
 from ..errors import CheckpointError
-from ..checkpoints import read_safetensors_record, require_backbone, resolve
 from .anchor import Anchor, load_anchor, split_state
 from .base import COMPOSERS, Composer, ComposerUnavailable, Composition, Query, normalise
-
-CHECKPOINT_GLOB = "rtic*.safetensors"
-FORMAT_VERSION = 1
-
 
 LEGACY_NEGATIVE_SLOPE = 0.2  # the slope of checkpoints whose config does not record one
 
@@ -175,78 +170,58 @@ def count_parameters(module: nn.Module, exclude: Tuple[str, ...] = ("log_scale",
     return sum(p.numel() for n, p in module.named_parameters() if p.requires_grad and n not in exclude)
 
 
-# -- checkpoints --------------------------------------------------------------------------------------
+# -- checkpoints: the one layer (engine.checkpoints) -------------------------------------------------
 
 
-def save_checkpoint(
-    path: os.PathLike,
-    model: RTIC,
-    fingerprint: str,
-    backbone_name: str = "",
-    extra: Optional[dict] = None,
-    anchor: Optional[Anchor] = None,
-) -> Path:
-    """Atomically writes ``path`` (safetensors + metadata) and a sidecar ``.json`` with the same record;
-    ``anchor``: the prior anchor (engine.compose.anchor) stored with the weights."""
-    from safetensors.torch import save_file
+VARIANTS = ("rtic", "rtic+gcn")  # the parts of engine.checkpoints.PARTS an RTIC file is (its record's "part")
+# keys of a record that the record format sets itself (dropped when a loaded record is saved again)
+_OWN_KEYS = ("kind", "format", "format_version", "part", "variant", "file", "config", "backbone_fingerprint",
+             "backbone_name", "anchor", "recipe", "train_config", "validation")
 
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    record = {
-        "kind": "rtic",
-        "format_version": FORMAT_VERSION,
-        "config": asdict(model.config),
-        "backbone_fingerprint": fingerprint,
-        "backbone_name": backbone_name,
-        **(extra or {}),
-    }
-    state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+
+def save_rtic(path: os.PathLike, model: RTIC, fingerprint: str, backbone_name: str = "",
+              extra: Optional[dict] = None, anchor: Optional[Anchor] = None, variant: Optional[str] = None) -> Path:
+    """Writes the checkpoint in the one record format (:func:`engine.checkpoints.write`: atomic, ``.json``
+    sidecar beside it). ``variant``: "rtic" or "rtic+gcn" (default: ``extra``'s ``part`` / ``variant``, else
+    "rtic"); ``extra``: the trainer's figures (its ``train_config`` becomes the recipe) or a loaded record being
+    saved again (engine.train.anchor_fit); ``anchor``: the prior anchor (engine.compose.anchor) stored with the
+    weights (tensors ``anchor.*``, its ramps as the record's ``anchor``)."""
+    figures = dict(extra or {})
+    variant = variant or figures.get("part") or figures.get("variant") or "rtic"
+    if variant not in VARIANTS:
+        raise ValueError(f"unknown RTIC variant {variant!r}; use one of {VARIANTS}")
+    recipe = figures.get("recipe") or figures.get("train_config")
+    validation = figures.get("validation")
+    for key in _OWN_KEYS:
+        figures.pop(key, None)
+    record = make_record(variant, fingerprint, asdict(model.config), recipe, validation, backbone_name, **figures)
+    state = dict(model.state_dict())
     if anchor is not None:
         record["anchor"] = anchor.config.to_dict()
         state.update(anchor.tensors())
-    from ..fileio import atomic_path, atomic_write_text
-
-    with atomic_path(path) as tmp:  # readable like any other shipped file
-        save_file(state, str(tmp), metadata={"rtic": json.dumps(record)})
-    atomic_write_text(path.with_suffix(".json"), json.dumps(record, indent=2, default=str))
-    return path
+    return write(path, state, record)
 
 
-def read_checkpoint_record(path: os.PathLike) -> dict:
-    """The metadata record of a checkpoint without loading its tensors."""
-    return read_safetensors_record(path, "rtic", "RTIC")
-
-
-def load_checkpoint(path: os.PathLike, fingerprint: Optional[str] = None) -> Tuple[RTIC, dict]:
-    """Loads a model in eval mode; raises CheckpointError naming the file on a fingerprint mismatch (the prior
-    anchor stored beside the weights is read by :func:`engine.compose.anchor.load_anchor`)."""
-    from safetensors.torch import load_file
-
-    path = Path(path)
-    record = read_checkpoint_record(path)
-    require_backbone(path, record.get("backbone_fingerprint"), fingerprint, "python -m engine train rtic --data cir")
-    model = RTIC(RTICConfig.from_dict(record["config"]))
+def load_rtic(path: os.PathLike, fingerprint: Optional[str] = None) -> Tuple[RTIC, dict]:
+    """Loads a model in eval mode through :func:`engine.checkpoints.load` (any format: the shipped files are of
+    format 1); CheckpointError names the file on a fingerprint mismatch or damaged weights (the prior anchor
+    stored beside the weights is read by :func:`engine.compose.anchor.load_anchor`)."""
+    ck = load("rtic", Path(path).with_suffix(".safetensors"), fingerprint=fingerprint)
+    model = RTIC(RTICConfig.from_dict(ck.record["config"]))
     try:
-        model.load_state_dict(split_state(load_file(str(path))))
+        model.load_state_dict(split_state(ck.tensors))
     except Exception as exc:
-        raise CheckpointError(f"{path.name}: weights do not match the stored config ({exc})") from None
+        raise CheckpointError(f"{ck.path.name}: weights do not match the stored config ({exc})") from None
     model.eval()
-    return model, record
+    return model, ck.record
 
 
-def find_checkpoints(checkpoint_dir: os.PathLike, fingerprint: str) -> List[Tuple[Path, dict]]:
-    """All readable RTIC checkpoints on the search path (engine.checkpoints) trained for ``fingerprint``,
-    best first: search-path position, then plain RTIC before RTIC+GCN (never by stored test-split numbers),
-    then file name."""
-    return resolve(CHECKPOINT_GLOB, read_checkpoint_record, fingerprint, checkpoint_dir,
-                   variant_rank=lambda r: 0 if r.get("variant", "rtic") == "rtic" else 1)
-
-
-def checkpoint_name(backbone_name: str, variant: str = "rtic") -> str:
-    """File name for a checkpoint: ``rtic-<backbone slug>.safetensors`` / ``rtic-gcn-<slug>...``."""
-    slug = re.sub(r"[^A-Za-z0-9]+", "-", backbone_name).strip("-").lower() or "backbone"
-    prefix = "rtic-gcn" if variant == "rtic+gcn" else "rtic"
-    return f"{prefix}-{slug}.safetensors"
+def find_rtic(fingerprint: Optional[str], checkpoint_dir=None, variant: Optional[str] = None
+              ) -> List[Tuple[Path, dict]]:
+    """[(path, record)] of the RTIC checkpoints on the search path trained for ``fingerprint``, best first by
+    the layer's tie rule (:func:`engine.checkpoints.find`: search-path position, then plain RTIC before
+    RTIC+GCN -- never stored test-split numbers --, then file name); ``variant``: only that part."""
+    return [(p, r) for p, r in find("rtic", fingerprint, checkpoint_dir) if variant in (None, r["part"])]
 
 
 # -- the composer ---------------------------------------------------------------------------------------
@@ -269,7 +244,7 @@ class RTICComposer(Composer):
             raise CheckpointError(
                 f"RTIC checkpoint has D={model.config.dim}, backbone {backbone.name} has {backbone.embed_dim}"
             )
-        if self.record.get("variant") == "rtic+gcn":
+        if self.record.get("part") == "rtic+gcn":
             self.label = "RTIC + GCN (learned residual composer)"
 
     @torch.no_grad()
@@ -296,7 +271,7 @@ class RTICComposer(Composer):
             "top_changed_channels": [{"channel": int(i), "change": round(float(delta[i]), 4)} for i in order],
             "prompt": query.text,
             "checkpoint": self.record.get("file", ""),
-            "variant": self.record.get("variant", "rtic"),
+            "variant": self.record.get("part", "rtic"),
         }
         return Composition(vec, explanation, list(enc.notices))
 
@@ -311,18 +286,14 @@ def load_rtic_composer(backbone, checkpoint_dir=None, variant: Optional[str] = N
         from ..config import Settings
 
         checkpoint_dir = Settings().checkpoints
-    found = find_checkpoints(checkpoint_dir, backbone.fingerprint)
-    if variant is not None:
-        found = [(p, r) for p, r in found if r.get("variant", "rtic") == variant]
+    found = find_rtic(backbone.fingerprint, checkpoint_dir, variant)
     if not found:
         raise ComposerUnavailable(
             f"no RTIC checkpoint for {backbone.name} in {checkpoint_dir}; train one with "
             f"python -m engine train rtic --data cir"
         )
     path, _ = found[0]  # the layer's tie rule: search path, plain RTIC first, name
-
-    model, record = load_checkpoint(path, backbone.fingerprint)
-    record["file"] = path.name
+    model, record = load_rtic(path, backbone.fingerprint)
     try:
         anchor = load_anchor(path, record)
     except Exception as exc:

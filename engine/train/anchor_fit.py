@@ -219,7 +219,7 @@ def anchor_checkpoint(backbone, part: str, checkpoint_dir=None, progress: bool =
     """Builds, fits and stores the anchor of the ``part`` checkpoint for ``backbone`` found in
     ``checkpoint_dir`` (rewritten in place). Returns the fit's report."""
     from ..compose.context_i2w import load_context_i2w_composer, save_checkpoint as save_ci2w
-    from ..compose.rtic import load_rtic_composer, save_checkpoint as save_rtic
+    from ..compose.rtic import load_rtic_composer, save_rtic
 
     if part in ("rtic", "rtic+gcn"):
         composer = load_rtic_composer(backbone, checkpoint_dir, variant=part)
@@ -247,7 +247,8 @@ def anchor_checkpoint(backbone, part: str, checkpoint_dir=None, progress: bool =
             extra.pop(k, None)
         save_ci2w(path, model, backbone, extra, half=record.get("stored_dtype") == "float16", anchor=anchor)
     else:
-        save_rtic(path, model, backbone.fingerprint, record.get("backbone_name", backbone.name), extra, anchor)
+        save_rtic(path, model, backbone.fingerprint, record.get("backbone_name", backbone.name), extra, anchor,
+                  variant=part)
     if progress:
         print(json.dumps(report, indent=1))
     return report
