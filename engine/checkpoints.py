@@ -482,7 +482,7 @@ def inventory(checkpoint_dir=None) -> Dict[str, list]:
     out: Dict[str, list] = {name: [] for name in PARTS}
     for name in PARTS:
         out[name] = [f"{p.parent.name}/{p.name} ({r.get('backbone_name') or r.get('backbone_fingerprint')})"
-                     for p, r in find(name, None, checkpoint_dir)]
+                     for p, r in find(name, None, checkpoint_dir) if r["part"] == name]  # a family finds its kin
     return out
 
 

@@ -199,3 +199,12 @@ def test_old_ics_file_loads_and_an_itq_era_file_is_refused(search):
     save_file(state, str(path), metadata={"kind": "ics", "fingerprint": "bb@1", "config": json.dumps(old)})
     with pytest.raises(CheckpointError, match="older version that appended ITQ bits; retrain it"):
         load_ics(path)
+
+
+def test_inventory_lists_each_shipped_file_once_under_its_own_part(search):  # an empty CIS_CHECKPOINTS + prepared
+    listed = [(name, entry.split(" (")[0].split("/")[-1]) for name, entries in ck.inventory().items()
+              for entry in entries]
+    files = sorted(p.name for p in (ASSETS / "checkpoints").glob("*.safetensors"))
+    assert sorted(f for _, f in listed) == files  # every file once: RTIC+GCN's not also under RTIC
+    for name, f in listed:
+        assert ck.read_record(ASSETS / "checkpoints" / f)["part"] == name
