@@ -7,8 +7,9 @@ import re
 import shutil
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path, PurePath
-from typing import Optional
+from typing import Any, Optional
 
 import gradio as gr
 
@@ -361,14 +362,24 @@ def _remember(engine: SearchEngine, history, st):
     return entries, gr.Dataset(samples=[[e["label"], e.get("method", "")] for e in entries])
 
 
-def after_query(engine: SearchEngine, view, image, text, method, alpha, k, lattqe_on, expander, nqe, raw, history):
-    """After a successful search or compare run: the share query string, the history, the data to export.
+@dataclass
+class Recorded:
+    """What a finished search or compare run leaves in the page (:func:`after_query`); demo/ui.py wires each
+    field to the output of the same name."""
+    qs: str  # the query string: the share link and the page URL carry it
+    history: list  # the recent queries, newest first (the page's state)
+    history_table: Any  # the "Recent queries" table
+    last: Any  # the data the export buttons write
 
-    Returns (query string, history, history dataset update, export data)."""
+
+def after_query(engine: SearchEngine, view: str, *, image, text, method, alpha, k, lattqe_on, expander, nqe, raw,
+                history) -> Recorded:
+    """After a successful search or compare run (``view``): the share query string, the history, the data to
+    export. Every input by name (the query's widgets, the run's JSON ``raw`` and the ``history``)."""
     st = state_for(engine, image or None, text, method, alpha, k, expansion_name(bool(lattqe_on), expander), nqe,
                    view=view)
-    hist, ds = _remember(engine, history, st)
-    return to_query_string(st), hist, ds, with_query(json.loads(raw) if raw else None, image, text)
+    hist, table = _remember(engine, history, st)
+    return Recorded(to_query_string(st), hist, table, with_query(json.loads(raw) if raw else None, image, text))
 
 
 def with_query(data, image, text):
@@ -382,10 +393,31 @@ def with_query(data, image, text):
     return data
 
 
-def run_state(engine: SearchEngine, st, history):
-    """Restores a query state into the inputs and runs it. Returns the values of RESTORE_OUTPUTS:
-    (image, text, method, alpha, k, lattqe, expander, nqe, gallery, explanation, raw, ids, compare html,
-    query string, history, history dataset, export data)."""
+@dataclass
+class Restored:
+    """A query restored from a link or the history, and its run (:func:`run_state`): the value of every page
+    output it sets, by name; demo/ui.py wires each field to the output of the same name."""
+    image: Any  # the query's widgets
+    text: str
+    method: str
+    alpha: float
+    k: int
+    lattqe_on: bool
+    expander: str
+    nqe: int
+    gallery: Any  # the results: single-method gallery, explanation, JSON, ids, compare columns
+    explanation: str
+    raw: str
+    ids: list
+    compare_out: str
+    qs: str  # then what after_query records (Recorded)
+    history: list
+    history_table: Any
+    last: Any
+
+
+def run_state(engine: SearchEngine, st, history) -> Restored:
+    """Restores a query state into the inputs and runs it."""
     st.k, st.nqe = min(int(st.k), UI_MAX_K), min(int(st.nqe), UI_MAX_NQE)
     ref = resolve_reference(engine, st)
     shown = reference_file(engine, st)
@@ -401,35 +433,32 @@ def run_state(engine: SearchEngine, st, history):
         gallery, expl, raw, ids, html_ = (gr.update(value=gallery_items(engine, resp), visible=True),
                                           explanation_markdown(resp),
                                           json.dumps(data, indent=2), [r.id for r in resp.results], "")
-    hist, ds = _remember(engine, history, st)
-    data = with_query(data, shown, st.text)
-    return (shown, st.text, st.method, st.alpha, st.k, lattqe_on, expander, st.nqe, gallery, expl, raw, ids, html_,
-            to_query_string(st), hist, ds, data)
+    hist, table = _remember(engine, history, st)
+    return Restored(image=shown, text=st.text, method=st.method, alpha=st.alpha, k=st.k, lattqe_on=lattqe_on,
+                    expander=expander, nqe=st.nqe, gallery=gallery, explanation=expl, raw=raw, ids=ids,
+                    compare_out=html_, qs=to_query_string(st), history=hist, history_table=table,
+                    last=with_query(data, shown, st.text))
 
 
-N_RESTORE_OUTPUTS = 17
-
-
-def restore_from_url(engine: SearchEngine, history, request: gr.Request):
-    """Page load: when the URL carries a query (see engine.share), restore it and run it."""
+def restore_from_url(engine: SearchEngine, history, request: gr.Request) -> Optional[Restored]:
+    """Page load: when the URL carries a query (see engine.share), restore it and run it; None leaves the
+    page as it is (no query in the URL, or one that cannot be opened: a warning says why)."""
     params = dict(request.query_params) if request is not None else {}
     try:
         st = from_query_string(params)
-        if st is None:
-            return tuple(gr.update() for _ in range(N_RESTORE_OUTPUTS))
-        return run_state(engine, st, history)
+        return None if st is None else run_state(engine, st, history)
     except Exception as exc:
         msg = plain_message(exc)
         if isinstance(exc, EngineError):
             log.warning("user mistake: could not open a link: %s", msg)
         gr.Warning(f"Could not open this link: {html.escape(msg, quote=False)}")
-        return tuple(gr.update() for _ in range(N_RESTORE_OUTPUTS))
+        return None
 
 
-def rerun_history(engine: SearchEngine, history, index):
-    """A click on a history entry reruns that query."""
+def rerun_history(engine: SearchEngine, history, index) -> Optional[Restored]:
+    """A click on a history entry reruns that query (None: not an entry, nothing changes)."""
     if index is None or not history or not 0 <= int(index) < len(history):
-        return tuple(gr.update() for _ in range(N_RESTORE_OUTPUTS))
+        return None
     st = from_query_string(history[int(index)]["qs"])
     return run_state(engine, st, history)
 

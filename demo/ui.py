@@ -1,13 +1,14 @@
 """Page layout and event wiring. Everything that computes lives in `engine`; handlers are in handlers.py."""
 from __future__ import annotations
 
+import dataclasses
 import functools
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import gradio as gr
 
-from engine.batching import batch_texts
 from engine.config import Settings
 from engine.search import SearchEngine
 from engine.service import SESSIONS, drop_session_engine, load_default_engine
@@ -66,17 +67,89 @@ COPY_JS = """
 """
 
 
-def _search_controls(engine: SearchEngine, prefix: str, with_compare: bool = False, with_picker: bool = False):
-    """The inputs, buttons and result panels of one search tab; returns them as attributes of a namespace."""
-    from types import SimpleNamespace
+@dataclass
+class SearchPanel:
+    """The inputs, buttons and result panels of one search tab (:func:`_search_controls`)."""
+    image: Any = None
+    picker: Any = None  # the gallery picker (main tab only)
+    text: Any = None
+    button: Any = None
+    compare_btn: Any = None  # main tab only
+    method: Any = None
+    k: Any = None
+    alpha: Any = None
+    lattqe: Any = None
+    lattqe_did: Any = None  # what expansion did for the last query
+    keep_out: Any = None
+    expander: Any = None
+    nqe: Any = None
+    gallery: Any = None
+    compare_out: Any = None  # main tab only
+    explanation: Any = None
+    raw: Any = None
+    ids: Any = None
 
-    c = SimpleNamespace(compare_btn=None, compare_out=None, picker=None)
+    def search_inputs(self) -> list:
+        """handlers.run_search's inputs in their order: the Gradio API's /search takes its values in this order
+        (/search_own: the session first)."""
+        return [self.image, self.text, self.method, self.alpha, self.k, self.lattqe, self.expander, self.nqe,
+                self.keep_out]
+
+    def query(self) -> dict:
+        """The query's widgets by the names handlers.after_query and handlers.Restored give them."""
+        return {"image": self.image, "text": self.text, "method": self.method, "alpha": self.alpha, "k": self.k,
+                "lattqe_on": self.lattqe, "expander": self.expander, "nqe": self.nqe}
+
+    def results(self) -> dict:
+        """The result panels by the names handlers.Restored gives them."""
+        return {"gallery": self.gallery, "explanation": self.explanation, "raw": self.raw, "ids": self.ids,
+                "compare_out": self.compare_out}
+
+
+@dataclass
+class ShareRow:
+    """The main tab's share link, exports and recent queries (:func:`_share_row`)."""
+    link: Any
+    copy: Any
+    export_json: Any
+    export_png: Any
+    export_file: Any
+    history_table: Any
+    qs: Any  # the last query's query string (hidden)
+    history: Any  # state: the recent queries
+    last: Any  # state: the data the export buttons write
+
+    def recorded(self) -> dict:
+        """What handlers.after_query sets (handlers.Recorded), by name."""
+        return {"qs": self.qs, "history": self.history, "history_table": self.history_table, "last": self.last}
+
+
+def _named(fn, result_type, outputs: dict):
+    """An event handler whose outputs are named: ``fn`` returns a ``result_type`` dataclass (or None: nothing
+    changes) and each field's value goes to the component of the same name in ``outputs``. Returns (the
+    handler, the output components) for the event."""
+    names = [f.name for f in dataclasses.fields(result_type)]
+    if sorted(names) != sorted(outputs):
+        raise ValueError(f"{result_type.__name__} sets {names}; the event's outputs are {list(outputs)}")
+
+    @functools.wraps(fn)  # Gradio reads the wrapped signature (keyword inputs, gr.Request)
+    def handler(*args, **kwargs):
+        result = fn(*args, **kwargs)
+        return {outputs[n]: gr.skip() if result is None else getattr(result, n) for n in names}
+
+    return handler, list(outputs.values())
+
+
+def _search_controls(engine: SearchEngine, prefix: str, with_compare: bool = False,
+                     with_picker: bool = False) -> SearchPanel:
+    """The inputs, buttons and result panels of one search tab."""
+    c = SearchPanel()
     methods = method_choices(engine)
     default_method = engine.default_method  # chosen on held-out-domain validation (engine.defaults); CLI and API alike
     with gr.Row(elem_id=f"{prefix}controls"):
         with gr.Column(scale=1, min_width=240):
             c.image = reference_image(int(engine.settings.max_upload_mb * 1e6), label="Reference image",  # no decode
-                               sources=["upload", "clipboard"], height=260, elem_id=f"{prefix}reference")
+                                      sources=["upload", "clipboard"], height=260, elem_id=f"{prefix}reference")
             if with_picker:
                 c.picker = _gallery_picker(engine)
         with gr.Column(scale=2, min_width=280):
@@ -96,21 +169,32 @@ def _search_controls(engine: SearchEngine, prefix: str, with_compare: bool = Fal
                                 visible=h.alpha_visible(engine, default_method), elem_id=f"{prefix}alpha")
             c.method.change(functools.partial(h.alpha_shown, engine), [c.method], [c.alpha], api_name=False,
                             show_progress="hidden")
-            lattqe_reason = engine.expanders_unavailable.get("lattqe")
-            c.lattqe = gr.Checkbox(value=False, label="LAttQE expansion", interactive=lattqe_reason is None,
-                                   info=h.lattqe_info(engine), elem_id=f"{prefix}lattqe")
-            # what LAttQE (or another expansion) did for the last query: expanded with which neighbours, or kept it
-            c.lattqe_did = gr.Markdown("", visible=False, elem_id=f"{prefix}lattqe-did", elem_classes=["cis-note"])
-            c.keep_out = gr.Checkbox(value=True, label="Leave the reference out of its results",
-                                     info="a gallery photo used as the reference is not shown as its own match",
-                                     elem_id=f"{prefix}exclude-reference")
-            with gr.Accordion("Expansion options", open=False):
-                others = [(EXPANDER_LABELS.get(n, n), n) for n in engine.expanders if n != "lattqe"]
-                c.expander = gr.Dropdown(others, value="none", label="Expansion (when LAttQE is off)",
-                                         info=h.EXPANSION_HELP, elem_id=f"{prefix}expander")
-                c.nqe = gr.Slider(0, h.UI_MAX_NQE, value=0, step=1, label="nQE (neighbours used)",
-                                  info="0 = automatic: chosen on validation, capped by gallery size",
-                                  elem_id=f"{prefix}nqe")
+            _expansion_controls(engine, prefix, c)
+    _result_panels(prefix, with_compare, c)
+    return c
+
+
+def _expansion_controls(engine: SearchEngine, prefix: str, c: SearchPanel) -> None:
+    """The LAttQE box with its note, the leave-the-reference-out box and the other expansion options."""
+    lattqe_reason = engine.expanders_unavailable.get("lattqe")
+    c.lattqe = gr.Checkbox(value=False, label="LAttQE expansion", interactive=lattqe_reason is None,
+                           info=h.lattqe_info(engine), elem_id=f"{prefix}lattqe")
+    # what LAttQE (or another expansion) did for the last query: expanded with which neighbours, or kept it
+    c.lattqe_did = gr.Markdown("", visible=False, elem_id=f"{prefix}lattqe-did", elem_classes=["cis-note"])
+    c.keep_out = gr.Checkbox(value=True, label="Leave the reference out of its results",
+                             info="a gallery photo used as the reference is not shown as its own match",
+                             elem_id=f"{prefix}exclude-reference")
+    with gr.Accordion("Expansion options", open=False):
+        others = [(EXPANDER_LABELS.get(n, n), n) for n in engine.expanders if n != "lattqe"]
+        c.expander = gr.Dropdown(others, value="none", label="Expansion (when LAttQE is off)",
+                                 info=h.EXPANSION_HELP, elem_id=f"{prefix}expander")
+        c.nqe = gr.Slider(0, h.UI_MAX_NQE, value=0, step=1, label="nQE (neighbours used)",
+                          info="0 = automatic: chosen on validation, capped by gallery size",
+                          elem_id=f"{prefix}nqe")
+
+
+def _result_panels(prefix: str, with_compare: bool, c: SearchPanel) -> None:
+    """Under the controls: the results grid, the compare columns, why these results, the results as JSON."""
     # captions under each picture and no inner scroll box (demo/style.css, .cis-grid)
     c.gallery = gr.Gallery(label="Results", columns=4, height="auto", elem_id=f"{prefix}results",
                            elem_classes=["cis-grid"], allow_preview=False, object_fit="contain")
@@ -121,7 +205,6 @@ def _search_controls(engine: SearchEngine, prefix: str, with_compare: bool = Fal
     with gr.Accordion("Results as JSON", open=False):
         c.raw = gr.Code(language="json", elem_id=f"{prefix}json", label="Same schema as `python -m engine search --json`")
     c.ids = gr.State([])
-    return c
 
 
 def _gallery_picker(engine: SearchEngine):
@@ -165,138 +248,180 @@ def _prepare_status(engine: SearchEngine, method, lattqe) -> None:
     gr.Timer(3).tick(tick, None, [line, method, lattqe], api_name=False, show_progress="hidden")
 
 
+def _header(engine: SearchEngine) -> None:
+    """Title, introduction, the plain line about what is searched, and "About this engine"."""
+    gr.Markdown(f"# {TITLE}\n{INTRO}")
+    gr.Markdown(h.summary_markdown(engine), elem_id="plain-summary")
+    with gr.Accordion("About this engine", open=False, elem_id="about"):
+        gr.Markdown(h.info_markdown(engine), elem_id="backbone-info")
+
+
+def _examples(engine: SearchEngine):
+    """The "Try one" row: (examples, their grid), or (examples, None) when the gallery has none."""
+    examples = h.example_queries(engine)
+    if not examples:
+        return examples, None
+    gr.Markdown("**Try one:** click an example to run it", elem_id="examples-title")
+    grid = gr.Gallery(h.example_items(engine, examples), show_label=False, columns=len(examples),
+                      height="auto", allow_preview=False, elem_id="examples", buttons=[],
+                      elem_classes=["cis-grid"], object_fit="contain")
+    return examples, grid
+
+
+def _share_row() -> ShareRow:
+    """The share link with its copy button, the export buttons and the recent queries."""
+    with gr.Row(elem_id="share-row"):
+        link = gr.Textbox(label="Link to this query", interactive=False, elem_id="share-link",
+                          placeholder="run a search to get a shareable link", scale=4, min_width=220)
+        copy = gr.Button("Copy link", elem_id="copy-link", scale=1, min_width=120)
+    with gr.Row(elem_id="export-row"):
+        export_json = gr.Button("Download JSON", elem_id="export-json", min_width=140)
+        export_png = gr.Button("Download contact sheet (PNG)", elem_id="export-png", min_width=200)
+        # shown only once an export exists (handlers.shown_file)
+        export_file = gr.File(label="Download", elem_id="export-file", interactive=False, min_width=200,
+                              visible=False)
+    history_table = gr.Dataset(components=["textbox", "textbox"], samples=[], type="index",
+                               label="Recent queries", headers=["Recent queries (click to rerun)", "Method"],
+                               elem_id="history", layout="table", samples_per_page=10)
+    qs = gr.Textbox(visible=False, elem_id="share-qs")
+    return ShareRow(link, copy, export_json, export_png, export_file, history_table, qs, gr.State([]),
+                    gr.State(None))
+
+
+def _with_link(event, s: ShareRow):
+    """The last step after a query: the page URL and the share link carry it (SET_URL_JS)."""
+    return event.success(None, [s.qs, s.link], s.link, js=SET_URL_JS, api_name=False)
+
+
+def _with_expansion_note(event, c: SearchPanel):
+    """The line under the LAttQE box: what expansion did for the query just run."""
+    return event.success(h.expansion_done, [c.raw], [c.lattqe_did], api_name=False, show_progress="hidden")
+
+
+def _recorded(event, engine: SearchEngine, view: str, c: SearchPanel, s: ShareRow):
+    """After a ``view`` run ("search" or "compare"): handlers.after_query, inputs and outputs by name."""
+    record, outputs = _named(functools.partial(h.after_query, engine, view), h.Recorded, s.recorded())
+    return event.success(record, inputs_kwargs={**c.query(), "raw": c.raw, "history": s.history},
+                         outputs=outputs, api_name=False)
+
+
+def _main_tab(demo: gr.Blocks, engine: SearchEngine, searches: dict) -> None:
+    """The "Search the gallery" tab: examples, the search panel with its picker, share / export / history."""
+    examples, ex_grid = _examples(engine)
+    c = _search_controls(engine, "", with_compare=True, with_picker=True)
+    _prepare_status(engine, c.method, c.lattqe)
+    s = _share_row()
+    _wire_search(engine, c, s, searches, examples, ex_grid)
+    _wire_compare(engine, c, s)
+    c.gallery.select(h.reference_picker(engine), [c.ids], c.image, api_name=False)
+    c.picker.grid.select(h.reference_picker(engine), [c.picker.ids], c.image, api_name=False)
+    _wire_restore(demo, engine, c, s, searches)
+    _wire_share_export(engine, s)
+
+
+def _wire_search(engine: SearchEngine, c: SearchPanel, s: ShareRow, searches: dict, examples, ex_grid) -> None:
+    """A search (the button: the Gradio API's /search; Enter; a click on an example), then what it leaves in
+    the page: history and export data, the expansion note, the single-method view, the share link."""
+    search_fn = h.user_errors(functools.partial(h.run_search, engine))
+    results = [c.gallery, c.explanation, c.raw, c.ids]
+
+    def then_search(event):
+        shown = _with_expansion_note(_recorded(event, engine, "search", c, s), c)
+        return _with_link(shown.success(h.search_shown, None, [c.compare_out, c.gallery], api_name=False,
+                                        show_progress="hidden"), s)
+
+    for trigger, api in ((c.button.click, "search"), (c.text.submit, False)):
+        then_search(trigger(search_fn, c.search_inputs(), results, api_name=api, **searches))
+    if ex_grid is not None:  # a click on an example fills the inputs and runs it
+        then_search(ex_grid.select(h.example_picker(engine, examples), None, [c.image, c.text], api_name=False)
+                    .success(search_fn, c.search_inputs(), results, api_name=False, **searches))
+
+
+def _wire_compare(engine: SearchEngine, c: SearchPanel, s: ShareRow) -> None:
+    """Compare methods (the Gradio API's /compare, its own limit of 2 at once), then the page shows its columns."""
+    compare_fn = h.user_errors(functools.partial(h.run_compare, engine))
+    ran = c.compare_btn.click(compare_fn, [c.image, c.text, c.alpha, c.k, c.lattqe, c.nqe, c.keep_out],
+                              [c.compare_out, c.raw], api_name="compare", concurrency_limit=2)
+    shown = (_recorded(ran, engine, "compare", c, s)
+             .success(h.compare_cleared, [c.raw], [c.gallery, c.ids, c.explanation], api_name=False,
+                      show_progress="hidden")
+             .success(lambda: gr.update(value="", visible=False), None, [c.lattqe_did], api_name=False,
+                      show_progress="hidden"))
+    _with_link(shown, s)
+
+
+def _wire_restore(demo: gr.Blocks, engine: SearchEngine, c: SearchPanel, s: ShareRow, searches: dict) -> None:
+    """A query restored into the page and run (handlers.Restored, by name): from the URL when the page
+    loads, or on a click on a recent query."""
+    outputs = {**c.query(), **c.results(), **s.recorded()}
+    restore, restored = _named(h.url_restorer(engine), h.Restored, outputs)
+    _with_link(_with_expansion_note(demo.load(restore, [s.history], restored, api_name=False), c), s)
+    rerun, _ = _named(h.user_errors(functools.partial(h.rerun_history, engine)), h.Restored, outputs)
+    clicked = s.history_table.click(rerun, [s.history, s.history_table], restored, api_name=False, **searches)
+    _with_link(_with_expansion_note(clicked, c), s)
+
+
+def _wire_share_export(engine: SearchEngine, s: ShareRow) -> None:
+    """Copy link (in the browser), and the two downloads of the last results."""
+    s.copy.click(None, [s.link], None, js=COPY_JS, api_name=False)
+    for button, export in ((s.export_json, h.export_json_file), (s.export_png, h.export_png_file)):
+        button.click(h.user_errors(h.shown_file(functools.partial(export, engine))), [s.last], s.export_file,
+                     api_name=False)
+
+
+def _own_tab(engine: SearchEngine, searches: dict) -> None:
+    """The "Search your own photos" tab: a zip indexed for this session (the Gradio API's /index_zip), its
+    photos to pick from, and a search panel over them (/search_own)."""
+    gr.Markdown("Upload a **.zip** of photos (jpg, png, webp, bmp, tiff, gif). They are indexed for "
+                "this session only and deleted when you leave.")
+    session = gr.State(None, delete_callback=drop_session_engine)
+    with gr.Row():
+        upload = gr.File(label="Zip of photos", file_types=[".zip"], elem_id="own-upload")
+        with gr.Column():
+            index_type = gr.Dropdown(h.index_type_choices(engine), value="auto", label="Index",
+                                     info="ICS: compact binary codes (docs/ics.md)", elem_id="own-index-type")
+            index_btn = gr.Button("Index the photos", elem_id="own-index")
+    status = gr.Markdown(elem_id="own-status")
+    with gr.Accordion("Pick the reference from your photos", open=True, elem_id="own-picker-box"):
+        own_grid = gr.Gallery([], columns=6, height="auto", allow_preview=False, show_label=False,
+                              elem_id="own-picker", buttons=[], elem_classes=["cis-grid"], object_fit="cover")
+    own_ids = gr.State([])
+    o = _search_controls(engine, "own-")
+    (index_btn.click(h.user_errors(functools.partial(h.index_upload, engine)), [session, upload, index_type],
+                     [session, status], api_name="index_zip", concurrency_limit=1)
+     .success(h.own_photos, [session], [own_grid, own_ids], api_name=False))
+    own_grid.select(h.result_as_reference, [session, own_ids], o.image, api_name=False)
+    for trigger, api in ((o.button.click, "search_own"), (o.text.submit, False)):
+        _with_expansion_note(trigger(h.user_errors(h.run_search), [session, *o.search_inputs()],
+                                     [o.gallery, o.explanation, o.raw, o.ids], api_name=api, **searches), o)
+    o.gallery.select(h.result_as_reference, [session, o.ids], o.image, api_name=False)
+
+
 def build_demo(settings: Optional[Settings] = None, engine: Optional[SearchEngine] = None) -> gr.Blocks:
+    """The page: a header, the "Search the gallery" tab (:func:`_main_tab`) and the "Search your own photos"
+    tab (:func:`_own_tab`) on one queue. Without ``engine``, the gallery's engine is loaded here
+    (engine.service.load_default_engine, which also gives its backbone the text micro-batcher)."""
     settings = settings or Settings()
     engine = engine or load_default_engine(settings)
-    # uploads and generated files in Gradio's cache are deleted after an hour (checked every hour)
     # Every kind of search (button, Enter, an example, a history rerun, the own-photos tab) shares one pool of
     # CIS_CONCURRENCY workers (separate per-event limits would add up to several times it). Default 8 on 2
     # cores, measured (docs/deploy.md, "Load test"): searches running together share text forward passes
     # (engine/batching.py), so 8 served more than 4 (21-27 against 18-21 requests/s at 20 clients) for about
     # 90 MB more memory.
     searches = {"concurrency_id": "search", "concurrency_limit": max(1, settings.concurrency)}
+    # uploads and generated files in Gradio's cache are deleted after an hour (checked every hour)
     with gr.Blocks(title=TITLE, delete_cache=(3600, 3600), analytics_enabled=False) as demo:
-        gr.Markdown(f"# {TITLE}\n{INTRO}")
-        gr.Markdown(h.summary_markdown(engine), elem_id="plain-summary")
-        with gr.Accordion("About this engine", open=False, elem_id="about"):
-            gr.Markdown(h.info_markdown(engine), elem_id="backbone-info")
+        _header(engine)
         with gr.Tabs():
             with gr.Tab("Search the gallery", id="main"):
-                examples = h.example_queries(engine)
-                ex_grid = None
-                if examples:
-                    gr.Markdown("**Try one:** click an example to run it", elem_id="examples-title")
-                    ex_grid = gr.Gallery(h.example_items(engine, examples), show_label=False, columns=len(examples),
-                                         height="auto", allow_preview=False, elem_id="examples", buttons=[],
-                                         elem_classes=["cis-grid"], object_fit="contain")
-                c = _search_controls(engine, "", with_compare=True, with_picker=True)
-                image, text, method, alpha, k = c.image, c.text, c.method, c.alpha, c.k
-                lattqe, expander, nqe, keep_out = c.lattqe, c.expander, c.nqe, c.keep_out
-                gallery, explanation, raw, ids, compare_out = c.gallery, c.explanation, c.raw, c.ids, c.compare_out
-                _prepare_status(engine, method, lattqe)
-                with gr.Row(elem_id="share-row"):
-                    share_link = gr.Textbox(label="Link to this query", interactive=False, elem_id="share-link",
-                                            placeholder="run a search to get a shareable link", scale=4,
-                                            min_width=220)
-                    copy_btn = gr.Button("Copy link", elem_id="copy-link", scale=1, min_width=120)
-                with gr.Row(elem_id="export-row"):
-                    export_json_btn = gr.Button("Download JSON", elem_id="export-json", min_width=140)
-                    export_png_btn = gr.Button("Download contact sheet (PNG)", elem_id="export-png", min_width=200)
-                    # shown only once an export exists (handlers.shown_file)
-                    export_file = gr.File(label="Download", elem_id="export-file", interactive=False, min_width=200,
-                                          visible=False)
-                history_ds = gr.Dataset(components=["textbox", "textbox"], samples=[], type="index",
-                                        label="Recent queries", headers=["Recent queries (click to rerun)", "Method"],
-                                        elem_id="history", layout="table", samples_per_page=10)
-                qs = gr.Textbox(visible=False, elem_id="share-qs")
-                history = gr.State([])
-                last = gr.State(None)
-
-                inputs = [image, text, method, alpha, k, lattqe, expander, nqe]
-                outputs = [gallery, explanation, raw, ids]
-                search_fn = h.user_errors(functools.partial(h.run_search, engine))
-                after_search = functools.partial(h.after_query, engine, "search")
-                after_compare = functools.partial(h.after_query, engine, "compare")
-                post = [qs, history, history_ds, last]
-
-                def then_search(event):
-                    """The rest of a search once its inputs are set: results, history, share link."""
-                    return (event.success(after_search, inputs + [raw, history], post, api_name=False)
-                            .success(h.expansion_done, [raw], [c.lattqe_did], api_name=False, show_progress="hidden")
-                            .success(h.search_shown, None, [compare_out, gallery], api_name=False,
-                                      show_progress="hidden")
-                            .success(None, [qs, share_link], share_link, js=SET_URL_JS, api_name=False))
-
-                for trigger, api in ((c.button.click, "search"), (text.submit, False)):
-                    then_search(trigger(search_fn, inputs + [keep_out], outputs, api_name=api, **searches))
-                if ex_grid is not None:  # a click on an example fills the inputs and runs it
-                    then_search(ex_grid.select(h.example_picker(engine, examples), None, [image, text], api_name=False)
-                                .success(search_fn, inputs + [keep_out], outputs, api_name=False, **searches))
-                compare_fn = h.user_errors(functools.partial(h.run_compare, engine))
-                (c.compare_btn.click(compare_fn, [image, text, alpha, k, lattqe, nqe, keep_out], [compare_out, raw],
-                                     api_name="compare", concurrency_limit=2)
-                 .success(after_compare, inputs + [raw, history], post, api_name=False)
-                 .success(h.compare_cleared, [raw], [gallery, ids, explanation], api_name=False,
-                          show_progress="hidden")
-                 .success(lambda: gr.update(value="", visible=False), None, [c.lattqe_did], api_name=False,
-                          show_progress="hidden")
-                 .success(None, [qs, share_link], share_link, js=SET_URL_JS, api_name=False))
-                gallery.select(h.reference_picker(engine), [ids], image, api_name=False)
-                c.picker.grid.select(h.reference_picker(engine), [c.picker.ids], image, api_name=False)
-                restore_outputs = [image, text, method, alpha, k, lattqe, expander, nqe, gallery, explanation, raw, ids,
-                                   compare_out, qs, history, history_ds, last]
-                assert len(restore_outputs) == h.N_RESTORE_OUTPUTS
-                (demo.load(h.url_restorer(engine), [history], restore_outputs, api_name=False)
-                 .success(h.expansion_done, [raw], [c.lattqe_did], api_name=False, show_progress="hidden")
-                 .success(None, [qs, share_link], share_link, js=SET_URL_JS, api_name=False))
-                (history_ds.click(h.user_errors(functools.partial(h.rerun_history, engine)), [history, history_ds],
-                                  restore_outputs, api_name=False, **searches)
-                 .success(h.expansion_done, [raw], [c.lattqe_did], api_name=False, show_progress="hidden")
-                 .success(None, [qs, share_link], share_link, js=SET_URL_JS, api_name=False))
-                copy_btn.click(None, [share_link], None, js=COPY_JS, api_name=False)
-                export_json_btn.click(h.user_errors(h.shown_file(functools.partial(h.export_json_file, engine))), [last],
-                                      export_file, api_name=False)
-                export_png_btn.click(h.user_errors(h.shown_file(functools.partial(h.export_png_file, engine))), [last],
-                                     export_file, api_name=False)
+                _main_tab(demo, engine, searches)
             with gr.Tab("Search your own photos", id="own"):
-                gr.Markdown("Upload a **.zip** of photos (jpg, png, webp, bmp, tiff, gif). They are indexed for "
-                            "this session only and deleted when you leave.")
-                session = gr.State(None, delete_callback=drop_session_engine)
-                with gr.Row():
-                    upload = gr.File(label="Zip of photos", file_types=[".zip"], elem_id="own-upload")
-                    with gr.Column():
-                        index_type = gr.Dropdown(h.index_type_choices(engine), value="auto", label="Index",
-                                                 info="ICS: compact binary codes (docs/ics.md)",
-                                                 elem_id="own-index-type")
-                        index_btn = gr.Button("Index the photos", elem_id="own-index")
-                status = gr.Markdown(elem_id="own-status")
-                with gr.Accordion("Pick the reference from your photos", open=True, elem_id="own-picker-box"):
-                    own_grid = gr.Gallery([], columns=6, height="auto", allow_preview=False, show_label=False,
-                                          elem_id="own-picker", buttons=[], elem_classes=["cis-grid"],
-                                          object_fit="cover")
-                own_ids = gr.State([])
-                o = _search_controls(engine, "own-")
-                o_image, o_text, o_method, o_alpha, o_k = o.image, o.text, o.method, o.alpha, o.k
-                o_lattqe, o_expander, o_nqe, o_keep_out = o.lattqe, o.expander, o.nqe, o.keep_out
-                o_button, o_gallery, o_expl, o_raw, o_ids = o.button, o.gallery, o.explanation, o.raw, o.ids
-                (index_btn.click(h.user_errors(functools.partial(h.index_upload, engine)), [session, upload, index_type],
-                                 [session, status], api_name="index_zip", concurrency_limit=1)
-                 .success(h.own_photos, [session], [own_grid, own_ids], api_name=False))
-                own_grid.select(h.result_as_reference, [session, own_ids], o.image, api_name=False)
-                o_inputs = [session, o_image, o_text, o_method, o_alpha, o_k, o_lattqe, o_expander, o_nqe, o_keep_out]
-                o_outputs = [o_gallery, o_expl, o_raw, o_ids]
-                for trigger, api in ((o_button.click, "search_own"), (o_text.submit, False)):
-                    (trigger(h.user_errors(h.run_search), o_inputs, o_outputs, api_name=api, **searches)
-                     .success(h.expansion_done, [o_raw], [o.lattqe_did], api_name=False, show_progress="hidden"))
-                o_gallery.select(h.result_as_reference, [session, o_ids], o_image, api_name=False)
+                _own_tab(engine, searches)
     # Queue: each event runs at most its `concurrency_limit` jobs at once (events without one: CIS_CONCURRENCY);
     # at most CIS_QUEUE_MAX jobs wait. Beyond that the page shows Gradio's "This application is currently busy.
     # Please try again." and API clients get HTTP 503 "Queue is full" instead of an ever longer wait.
     demo.queue(max_size=max(1, settings.queue_max), default_concurrency_limit=max(1, settings.concurrency),
                status_update_rate="auto", api_open=False)
-    # concurrent searches (page, Gradio API, POST /api/search) encode their texts in shared forward passes
-    if settings.text_batch > 1:  # CIS_TEXT_BATCH=1: every search encodes its own text
-        batch_texts(engine.backbone, settings.text_batch)
     SESSIONS.start_janitor(engine.settings)  # sweeps session folders left by an earlier server, then periodically
     # The gallery and its thumbnails are served from where they are (static paths): results, examples and
     # the picker then cost no hash-and-copy into Gradio's cache per image and request, and no cached copy

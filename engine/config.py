@@ -68,7 +68,7 @@ class Settings:
     queue_max: int = field(default_factory=lambda: int(_env("CIS_QUEUE_MAX", "64")))
     concurrency: int = field(default_factory=lambda: int(_env("CIS_CONCURRENCY", "8")))
     api_workers: int = field(default_factory=lambda: int(_env("CIS_API_WORKERS", "16")))
-    text_batch: int = field(default_factory=lambda: int(_env("CIS_TEXT_BATCH", "16")))
+    text_batch: int = field(default_factory=lambda: int(_env("CIS_TEXT_BATCH", "16")))  # engine/service.py
     # background prepare of a running app (engine/background.py)
     prepare: str = field(default_factory=lambda: _env("CIS_PREPARE", "auto").lower())
     prepare_budget_min: float = field(default_factory=lambda: float(_env("CIS_PREPARE_BUDGET_MIN", "30")))

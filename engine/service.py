@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Optional
 
 from .backbones import create_backbone
+from .batching import TextBatcher, batch_texts
 from .config import Settings, cache_dir
 from .errors import IndexLoadError, InputError
 from .index.build import index_source
@@ -22,8 +23,26 @@ _lock = threading.Lock()
 
 
 def load_default_engine(settings: Optional[Settings] = None, progress=None) -> SearchEngine:
-    """The engine over ``settings.gallery``; (re)builds its index when missing, stale or damaged."""
+    """The engine over ``settings.gallery``; (re)builds its index when missing, stale or damaged. Its backbone
+    batches the texts of concurrent searches (:func:`batch_concurrent_texts`): every server that loads the
+    engine here (the page, the Gradio API, POST /api/search in app.py) gets it without asking."""
     settings = settings or Settings()
+    engine = _open_default_engine(settings, progress)
+    batch_concurrent_texts(engine, settings)
+    return engine
+
+
+def batch_concurrent_texts(engine: SearchEngine, settings: Optional[Settings] = None) -> Optional[TextBatcher]:
+    """Concurrent searches on ``engine`` (and on every engine sharing its backbone: the session galleries)
+    encode their texts in shared forward passes of up to ``settings.text_batch`` texts (engine/batching.py).
+    CIS_TEXT_BATCH=1: every search encodes its own text (returns None). Installed once per backbone."""
+    settings = settings or engine.settings
+    if settings.text_batch <= 1:
+        return None
+    return batch_texts(engine.backbone, settings.text_batch)
+
+
+def _open_default_engine(settings: Settings, progress=None) -> SearchEngine:
     backbone = create_backbone(settings.backbone, settings.device, settings=settings)
     out = settings.resolved_index_dir()
     with _lock:

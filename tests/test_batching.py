@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -140,3 +141,29 @@ def test_batch_texts_routes_the_backbone_once_and_searches_are_unchanged(gallery
     assert b.forward_calls == calls + 1
     assert [r.id for r in after.results] == [r.id for r in before.results]
     assert [r.score for r in after.results] == pytest.approx([r.score for r in before.results], abs=1e-5)
+
+
+def test_the_engine_loader_installs_the_batcher_not_the_page(monkeypatch):
+    """load_default_engine gives the backbone its TextBatcher (CIS_TEXT_BATCH texts at most; 1: none), so
+    every server that loads the engine (the page, the Gradio API, POST /api/search) batches; the page's
+    builder does not touch the backbone."""
+    from types import SimpleNamespace
+
+    from engine import service
+    from engine.batching import TextBatcher
+    from engine.config import Settings
+
+    class Backbone:
+        def encode_texts(self, texts):
+            return texts
+
+    engine = SimpleNamespace(backbone=Backbone())
+    monkeypatch.setattr(service, "_open_default_engine", lambda settings, progress=None: engine)
+    monkeypatch.setenv("CIS_TEXT_BATCH", "1")
+    assert service.load_default_engine(Settings()) is engine and "encode_texts" not in vars(engine.backbone)
+    monkeypatch.setenv("CIS_TEXT_BATCH", "8")
+    service.load_default_engine(Settings())
+    batcher = engine.backbone.encode_texts
+    assert isinstance(batcher, TextBatcher) and batcher.max_batch == 8 and batcher(["a"]) == ["a"]
+    ui = (Path(__file__).resolve().parent.parent / "demo" / "ui.py").read_text()
+    assert "batch_texts" not in ui and "engine.batching" not in ui

@@ -165,6 +165,29 @@ def test_compare_html_columns_shared_marks_and_alt_text(gallery_engine):
     assert "<script>" not in compare_html(gallery_engine.index.display_path, evil)
 
 
+def test_after_query_takes_and_gives_everything_by_name(gallery_engine):
+    """The step after a search: named inputs (Gradio's inputs_kwargs) and a handlers.Recorded, which
+    demo/ui.py wires to the outputs of the same names (a missing or extra name fails when the page is built)."""
+    import gradio as gr
+
+    from demo import handlers as h
+    from demo.ui import _named
+
+    image = str(gallery_engine.index.image_path(7))
+    raw = h.run_search(gallery_engine, image, "at night", "sum", 0.5, 3, False, "none", 0)[2]
+    out = h.after_query(gallery_engine, "search", image=image, text="at night", method="sum", alpha=0.5, k=3,
+                        lattqe_on=False, expander="aqe", nqe=16, raw=raw, history=[])
+    assert isinstance(out, h.Recorded) and "expand=aqe" in out.qs and out.history[0]["qs"] == out.qs
+    assert out.last["asked"]["text"] == "at night" and out.last["results"] == json.loads(raw)["results"]
+    with gr.Blocks():
+        boxes = {name: gr.Textbox() for name in ("qs", "history", "history_table", "last")}
+        handler, outputs = _named(lambda: out, h.Recorded, boxes)
+        assert outputs == list(boxes.values()) and handler()[boxes["qs"]] == out.qs
+        assert all(v == gr.skip() for v in _named(lambda: None, h.Recorded, boxes)[0]().values())
+        with pytest.raises(ValueError, match="Recorded"):
+            _named(lambda: out, h.Recorded, {**boxes, "extra": gr.Textbox()})
+
+
 def test_restore_from_link_and_history_rerun(gallery_engine):
     from demo import handlers as h
 
@@ -173,21 +196,22 @@ def test_restore_from_link_and_history_rerun(gallery_engine):
                         "expand": "aqe", "nqe": "16", "__theme": "dark"}
 
     out = h.restore_from_url(gallery_engine, [], Req())
-    assert len(out) == h.N_RESTORE_OUTPUTS
-    image, text, method, alpha, k, lattqe_on, expander, nqe, gallery, expl, raw, ids, html, qs, hist, _, last = out
-    assert image == str(gallery_engine.index.image_path(7)) and text == "the same but red"
-    assert (method, alpha, k, lattqe_on, expander, nqe) == ("sum", 0.3, 5, False, "aqe", 16)
+    assert isinstance(out, h.Restored)  # every page output by name (demo/ui.py wires them by these names)
+    assert out.image == str(gallery_engine.index.image_path(7)) and out.text == "the same but red"
+    assert (out.method, out.alpha, out.k, out.lattqe_on, out.expander, out.nqe) == ("sum", 0.3, 5, False, "aqe", 16)
     direct = search(gallery_engine, image=7, text="the same but red", alpha=0.3, k=5, expand="aqe", nqe=16,
                     exclude_reference=True)  # as the page does by default
-    assert ids == [r.id for r in direct.results] and json.loads(raw)["results"] == last["results"]
-    assert "Why each result" in expl and html == ""
-    assert len(hist) == 1 and hist[0]["qs"] == qs and "view" not in qs
+    ids = [r.id for r in direct.results]
+    assert out.ids == ids and json.loads(out.raw)["results"] == out.last["results"]
+    assert "Why each result" in out.explanation and out.compare_out == ""
+    assert len(out.history) == 1 and out.history[0]["qs"] == out.qs and "view" not in out.qs
     # the same state as a compare link, then a click on the first history entry reruns the search
     Req.query_params = dict(Req.query_params, view="compare")
-    out = h.restore_from_url(gallery_engine, hist, Req())
-    assert 'id="compare-col-sum"' in out[12] and out[11] == [] and len(out[14]) == 2
-    again = h.rerun_history(gallery_engine, out[14], 1)
-    assert again[11] == ids
+    out = h.restore_from_url(gallery_engine, out.history, Req())
+    assert 'id="compare-col-sum"' in out.compare_out and out.ids == [] and len(out.history) == 2
+    again = h.rerun_history(gallery_engine, out.history, 1)
+    assert again.ids == ids
+    assert h.rerun_history(gallery_engine, out.history, 5) is None  # not an entry: nothing changes
     # a broken link leaves the page as it is
     Req.query_params = {"image": "gallery:99999", "text": "x"}
-    assert all(v == {"__type__": "update"} for v in h.restore_from_url(gallery_engine, [], Req()))
+    assert h.restore_from_url(gallery_engine, [], Req()) is None
