@@ -73,7 +73,6 @@ def test_resolution_order_and_tie_rule(tmp_path, monkeypatch):
 
 def test_shipped_packaged_checkpoints_are_found(tmp_path, monkeypatch):
     """Every shipped learned part resolves for the packaged backbone's fingerprint through the layer."""
-    from engine.compose.context_i2w import find_checkpoints as find_ci2w
     from engine.compose.rtic import find_rtic
     from engine.expand.lattqe import find_checkpoints as find_lattqe
     from engine.index.ics_index import available_ics_types, find_ics_checkpoints, make_ics_index
@@ -82,7 +81,7 @@ def test_shipped_packaged_checkpoints_are_found(tmp_path, monkeypatch):
     monkeypatch.setenv("CIS_CHECKPOINTS", str(tmp_path / "empty"))
     fp = json.loads((ASSETS / "checkpoints" / "ics-64-packaged-efficientnet-lite0-all-minilm-l6-v2.json")
                     .read_text())["fingerprint"]
-    assert [p.name for p, _ in find_ci2w(None, fp)] == ["context_i2w-packaged-efficientnet-lite0-all-minilm-l6-v2.safetensors"]
+    assert [p.name for p, _ in ck.find("context-i2w", fp)] == ["context_i2w-packaged-efficientnet-lite0-all-minilm-l6-v2.safetensors"]
     assert [p.name for p, _ in find_rtic(fp)] == ["rtic-packaged-efficientnet-lite0-all-minilm-l6-v2.safetensors",
                                                          "rtic-gcn-packaged-efficientnet-lite0-all-minilm-l6-v2.safetensors"]
     assert [p.name for p, _ in find_lattqe(None, fp, 384)] == ["lattqe-packaged-efficientnet-lite0-all-minilm-l6-v2.safetensors"]

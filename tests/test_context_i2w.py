@@ -14,8 +14,9 @@ import torch
 
 from engine.backbones.factory import create_backbone
 from engine.compose.base import COMPOSERS, ComposerUnavailable, Query
-from engine.compose.context_i2w import (ContextI2WComposer, ContextI2WConfig, ContextI2WMapper, checkpoint_name,
-                                        load_authors_checkpoint, load_checkpoint, save_checkpoint)
+from engine.checkpoints import file_name
+from engine.compose.context_i2w import (ContextI2WComposer, ContextI2WConfig, ContextI2WMapper, load_authors_checkpoint,
+                                        load_context_i2w, save_context_i2w)
 from engine.errors import CheckpointError, InputError
 
 SMALL = dict(depth=1, heads=2, dim_head=16, middle_dim=64)
@@ -203,7 +204,7 @@ def test_training_lowers_loss_and_beats_the_untrained_mapper(tiny_b, crops, tmp_
     chance5 = 5 / len(fva) * 100
     assert after["R@5"] > before["R@5"] + 15 and after["R@5"] > 2 * chance5, (before, after)
     # the per-epoch checkpoint reloads to the same mapper, for this backbone only
-    m2, rec = load_checkpoint(out, tiny_b.fingerprint)
+    m2, rec = load_context_i2w(out, tiny_b.fingerprint)
     assert rec["training"]["history"][-1]["epoch"] == 30
     _, tok = _tokens(tiny_b, 2)
     ctx = tiny_b.encode_texts(["* a", "* b"]).embeddings
@@ -432,12 +433,12 @@ def test_checkpoint_roundtrip_fingerprint_and_factory(tmp_path, tiny_a, tiny_b):
     with pytest.raises(ComposerUnavailable, match="no Context-I2W checkpoint"):
         factory(tiny_a, checkpoint_dir=tmp_path)
     m = _mapper(tiny_a, template="an image of * that is {text}")
-    path = save_checkpoint(tmp_path / checkpoint_name(tiny_a.name), m, tiny_a, half=True)
+    path = save_context_i2w(tmp_path / file_name("context_i2w", tiny_a.name), m, tiny_a, half=True)
     rec = json.loads(path.with_suffix(".json").read_text())
     assert rec["backbone_fingerprint"] == tiny_a.fingerprint and rec["config"]["template"].startswith("an image")
     assert rec["placeholder"] == "<|replace|>" and rec["placeholder_id"] == tiny_a.placeholder_id == 49405
     with pytest.raises(CheckpointError, match=path.name):
-        load_checkpoint(path, tiny_b.fingerprint)
+        load_context_i2w(path, tiny_b.fingerprint)
     with pytest.raises(ComposerUnavailable):  # only a checkpoint for another backbone is there
         factory(tiny_b, checkpoint_dir=tmp_path)
     comp = factory(tiny_a, checkpoint_dir=tmp_path)
@@ -449,9 +450,44 @@ def test_checkpoint_roundtrip_fingerprint_and_factory(tmp_path, tiny_a, tiny_b):
     assert torch.allclose(comp.mapper(ctx, tok), m(ctx, tok), atol=2e-2)  # float16 storage
     (tmp_path / "context_i2w-broken.safetensors").write_bytes(b"garbage")
     with pytest.raises(CheckpointError, match="context_i2w-broken"):
-        load_checkpoint(tmp_path / "context_i2w-broken.safetensors")
+        load_context_i2w(tmp_path / "context_i2w-broken.safetensors")
     with pytest.raises(ValueError):
         ContextI2WConfig.for_backbone(tiny_a, template="no placeholder {text}")
+
+
+
+def test_the_shipped_format_1_checkpoint_loads_through_the_one_loader_and_saves_in_the_record_format(tmp_path, tiny_a):
+    """The bundled checkpoint (format 1: its record under the metadata key ``context_i2w``) loads through
+    engine.checkpoints.load, anchor included; written again from its loaded record (as engine.train.anchor_fit
+    does) it is in the record format, with the same tensors, anchor and figures."""
+    from safetensors.torch import load_file
+
+    from engine import checkpoints as ck
+    from engine.compose.anchor import load_anchor
+    from engine.config import ASSETS
+
+    (src,) = (ASSETS / "checkpoints").glob("context_i2w-*.safetensors")
+    mapper, record = load_context_i2w(src)
+    assert record["format"] == 1 and record["part"] == "context-i2w" and record["file"] == src.name
+    stored = load_file(str(src))
+    assert all(torch.equal(v, stored[k].float()) for k, v in mapper.state_dict().items())
+    anchor = load_anchor(src, record)
+    assert anchor is not None and anchor.config.weight > 0 and anchor.text_bank is not None
+    out = save_context_i2w(tmp_path / src.name, mapper, tiny_a, {**record, "anchor_fit": {"x": 1}}, half=True,
+                           anchor=anchor)
+    again = ck.read_record(out)
+    assert again["format"] == ck.RECORD_FORMAT and again["backbone_fingerprint"] == tiny_a.fingerprint
+    assert again["recipe"]["seed"] == record["training"]["train_config"]["seed"]
+    assert again["validation"]["metric"] == "R@10" and again["validation"]["split"] == "val"
+    assert again["anchor"] == record["anchor"] and again["anchor_fit"] == {"x": 1}
+    assert again["training"]["history"] == record["training"]["history"] and again["stored_dtype"] == "float16"
+    written = load_file(str(out))
+    assert written.keys() == stored.keys()
+    assert all(torch.equal(written[k], stored[k]) for k in stored if not k.startswith("anchor."))  # float16 again
+    assert all(torch.allclose(written[k], stored[k], atol=1e-6) for k in stored)  # the anchor's banks: renormalised
+    m2, r2 = load_context_i2w(out, tiny_a.fingerprint)
+    assert load_anchor(out, r2).config == anchor.config
+    assert all(torch.equal(v, mapper.state_dict()[k]) for k, v in m2.state_dict().items())
 
 
 # -- data -------------------------------------------------------------------------------------------------

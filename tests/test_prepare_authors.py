@@ -24,7 +24,7 @@ def served(tmp_path):
 
 
 def test_authors_checkpoint_over_http_converts_and_wrong_sha_is_refused(tmp_path, monkeypatch, served, tiny):
-    from engine.compose.context_i2w import load_checkpoint
+    from engine.compose.context_i2w import load_context_i2w
     from engine.errors import InputError
     from engine.prepare import main
 
@@ -48,7 +48,7 @@ def test_authors_checkpoint_over_http_converts_and_wrong_sha_is_refused(tmp_path
     assert main(["--backbone", "tiny", "--out", str(out), "--parts", "context-i2w", "--quiet",
                  "--context-i2w-checkpoint", f"{base}/ci2w.pt", "--sha256", sha]) == 0
     (path,) = out.glob("context_i2w-*.safetensors")
-    mapper, record = load_checkpoint(path, tiny.fingerprint)
+    mapper, record = load_context_i2w(path, tiny.fingerprint)
     g = torch.Generator().manual_seed(2)
     c = torch.randn(3, tiny.embed_dim, generator=g)
     x = torch.randn(3, 5, tiny.vision_width, generator=g)

@@ -50,7 +50,8 @@ def section_context_i2w(args=None, ctx=None, n: int = 20) -> Tuple[str, dict]:
     """
     from ..backbones.factory import create_backbone
     from ..backbones.openclip import OpenClipBackbone
-    from ..compose.context_i2w import find_checkpoints, load_checkpoint
+    from ..checkpoints import find
+    from ..compose.context_i2w import load_context_i2w
     from ..config import Settings
 
     n = int(getattr(args, "queries", n) or n)
@@ -63,9 +64,9 @@ def section_context_i2w(args=None, ctx=None, n: int = 20) -> Tuple[str, dict]:
         pk = None
         rows.append({"setting": f"packaged backbone unavailable ({exc.__class__.__name__})"})
     if pk is not None:
-        found = find_checkpoints(((ctx or {}).get("settings") or Settings()).checkpoints, pk.fingerprint)
+        found = find("context-i2w", pk.fingerprint, ((ctx or {}).get("settings") or Settings()).checkpoints)
         if found:
-            mapper, rec = load_checkpoint(found[0][0], pk.fingerprint)
+            mapper, rec = load_context_i2w(found[0][0], pk.fingerprint)
             label = f"packaged, shipped checkpoint {rec['file']}"
         else:
             torch.manual_seed(0)

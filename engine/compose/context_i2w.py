@@ -25,14 +25,15 @@ Note on scale: every path from ``c`` to S* goes through a LayerNorm (``LN_g`` on
 extractor's token norm on the patches), so S* does not depend on the length of ``c``; our backbones
 return L2-normalised text embeddings, the authors' code fed unnormalised ones, and the two agree.
 
-Checkpoints are ``context_i2w*.safetensors`` (safetensors metadata and a sidecar ``.json`` hold the
-config, the template, the placeholder and its token id, the backbone fingerprint and the training
-record). :func:`load_authors_checkpoint` maps the authors' released ``IM2TEXT_OWM_Attn`` state dict
-(ViT-L/14) onto :class:`ContextI2WMapper`, weight-norm parameters included.
+Checkpoints are ``context_i2w-<backbone>.safetensors`` in the one record format of :mod:`engine.checkpoints`
+(:func:`save_context_i2w`, :func:`load_context_i2w`; the record, in the metadata and the ``.json`` sidecar, holds
+the config with the template, the placeholder and its token id, the backbone fingerprint, the recipe and the
+trainer's figures; files of format 1 load the same). :func:`load_authors_checkpoint` maps the authors'
+released ``IM2TEXT_OWM_Attn`` state dict (ViT-L/14) onto :class:`ContextI2WMapper`, weight-norm parameters
+included.
 """
 from __future__ import annotations
 
-import json
 import math
 import os
 import re
@@ -47,12 +48,8 @@ import torch.nn.functional as F
 from ..errors import CheckpointError, InputError
 from .anchor import Anchor, load_anchor, split_state
 from .base import COMPOSERS, Composer, ComposerUnavailable, Composition, Query, normalise
-from ..fileio import atomic_write_text as _atomic_write_text
-from ..checkpoints import read_safetensors_record, require_backbone, resolve
+from ..checkpoints import RECORD_FIELDS, find, load, make_record, write
 
-CHECKPOINT_GLOB = "context_i2w*.safetensors"
-FORMAT_VERSION = 1
-META_KEY = "context_i2w"
 TEMPLATE_MARK = "*"  # where S* goes in a written template; the prompt holds the placeholder token there
 DEFAULT_TEMPLATE = "a photo of * , {text}"
 DEFAULT_TRAIN_PROMPT = "a photo of *"
@@ -268,77 +265,65 @@ def build_prompt(config: ContextI2WConfig, text: Optional[str]) -> str:
     return config.template.replace(TEMPLATE_MARK, config.placeholder).replace("{text}", text)
 
 
-# -- checkpoints --------------------------------------------------------------------------------------
+# -- checkpoints: the one record format of engine.checkpoints ------------------------------------------
+
+# keys the record of a mapper is made of (from the mapper, the backbone and the anchor), never taken from
+# the figures given to save_context_i2w (so a loaded record can be passed back, as engine.train.anchor_fit does)
+_OWN_KEYS = RECORD_FIELDS + ("placeholder", "placeholder_id", "parameters", "stored_dtype", "anchor", "kind",
+                             "format_version", "file")
 
 
-def checkpoint_name(backbone_name: str) -> str:
-    slug = re.sub(r"[^A-Za-z0-9]+", "-", backbone_name).strip("-").lower() or "backbone"
-    return f"context_i2w-{slug}.safetensors"
+def _recipe_and_validation(training) -> Tuple[dict, Optional[dict]]:
+    """The record's recipe (the training config, command and data) and validation figures (held-out
+    caption->image R@10 of the trainer's validation pairs; never a test split) from the trainer's figures."""
+    if not isinstance(training, dict):
+        return {}, None
+    recipe = {k: training[k] for k in ("command", "data") if k in training}
+    recipe.update(training.get("train_config") or {})
+    pairs = (training.get("held_out") or {}).get("pairs")
+    validation = None
+    if isinstance(pairs, dict) and isinstance(pairs.get("recall"), dict):
+        validation = {"split": pairs.get("split", "val"), "metric": "R@10",
+                      "scores": {name: r["R@10"] for name, r in pairs["recall"].items() if "R@10" in r}}
+    return recipe, validation
 
 
-
-
-def save_checkpoint(path: os.PathLike, mapper: ContextI2WMapper, backbone, extra: Optional[dict] = None,
-                    half: bool = False, anchor: Optional[Anchor] = None) -> Path:
-    """Atomically writes ``path`` (safetensors + metadata record) and a sidecar ``.json`` with the record.
+def save_context_i2w(path: os.PathLike, mapper: ContextI2WMapper, backbone, figures: Optional[dict] = None,
+                     half: bool = False, anchor: Optional[Anchor] = None) -> Path:
+    """Writes the mapper in the one record format (:func:`engine.checkpoints.write`: atomic, ``.json`` sidecar
+    beside it). The record also says the placeholder and its token id, the parameter count and the stored
+    dtype; ``figures``: the trainer's figures kept as keys (``training``: history, train_config, held_out, ...;
+    ``anchor_fit``), from which the recipe and the validation figures are taken.
 
     ``half`` stores the weights as float16 (half the size; loading converts back to float32); ``anchor``:
-    the prior anchor (engine.compose.anchor) stored with the weights (float32).
+    the prior anchor (engine.compose.anchor) stored with the weights (float32, tensors ``anchor.*``).
     """
-    from safetensors.torch import save_file
-
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    record = {
-        "kind": META_KEY,
-        "format_version": FORMAT_VERSION,
-        "config": asdict(mapper.config),
-        "placeholder": mapper.config.placeholder,
-        "placeholder_id": int(getattr(backbone, "placeholder_id", -1)),
-        "backbone_fingerprint": backbone.fingerprint,
-        "backbone_name": backbone.name,
-        "parameters": count_parameters(mapper),
-        "stored_dtype": "float16" if half else "float32",
-        **(extra or {}),
-    }
+    figures = {k: v for k, v in (figures or {}).items() if k not in _OWN_KEYS}
+    recipe, validation = _recipe_and_validation(figures.get("training"))
+    own = {"placeholder": mapper.config.placeholder, "placeholder_id": int(getattr(backbone, "placeholder_id", -1)),
+           "parameters": count_parameters(mapper), "stored_dtype": "float16" if half else "float32"}
     dtype = torch.float16 if half else torch.float32
-    state = {k: v.detach().to(dtype).cpu().contiguous() for k, v in mapper.state_dict().items()}
+    state = {k: v.detach().to(dtype) for k, v in mapper.state_dict().items()}
     if anchor is not None:
-        record["anchor"] = anchor.config.to_dict()
+        own["anchor"] = anchor.config.to_dict()
         state.update(anchor.tensors())
-    from ..fileio import atomic_path
-
-    with atomic_path(path, mode=0o644) as tmp:
-        save_file(state, str(tmp), metadata={META_KEY: json.dumps(record, default=str)})
-    _atomic_write_text(path.with_suffix(".json"), json.dumps(record, indent=2, default=str) + "\n")
-    return path
+    record = make_record("context-i2w", backbone.fingerprint, asdict(mapper.config), recipe, validation,
+                         backbone.name, **own, **figures)
+    return write(path, state, record)
 
 
-def read_checkpoint_record(path: os.PathLike) -> dict:
-    """The metadata record of a checkpoint without loading its tensors."""
-    return read_safetensors_record(path, META_KEY, "Context-I2W")
-
-
-def load_checkpoint(path: os.PathLike, fingerprint: Optional[str] = None) -> Tuple[ContextI2WMapper, dict]:
-    """Loads a mapper in eval mode; another backbone's checkpoint raises CheckpointError naming the file."""
-    from safetensors.torch import load_file
-
-    path = Path(path)
-    record = read_checkpoint_record(path)
-    require_backbone(path, record.get("backbone_fingerprint"), fingerprint, "python -m engine train context-i2w")
+def load_context_i2w(path: Optional[os.PathLike] = None, fingerprint: Optional[str] = None,
+                     checkpoint_dir=None) -> Tuple[ContextI2WMapper, dict]:
+    """The mapper (eval mode, float32) and record of ``path``, or of the best checkpoint on the search path
+    for ``fingerprint`` (:func:`engine.checkpoints.load`: any format; another backbone's or a damaged file
+    raises CheckpointError naming it)."""
+    ck = load("context-i2w", path, fingerprint, checkpoint_dir)
     try:
-        mapper = ContextI2WMapper(ContextI2WConfig.from_dict(record["config"]))
-        mapper.load_state_dict({k: v.float() for k, v in split_state(load_file(str(path))).items()})
+        mapper = ContextI2WMapper(ContextI2WConfig.from_dict(ck.record["config"]))
+        mapper.load_state_dict({k: v.float() for k, v in split_state(ck.tensors).items()})
     except Exception as exc:
-        raise CheckpointError(f"{path.name}: weights do not match the stored config ({exc})") from None
-    record["file"] = path.name
-    return mapper.eval(), record
-
-
-def find_checkpoints(checkpoint_dir: os.PathLike, fingerprint: str) -> List[Tuple[Path, dict]]:
-    """Readable Context-I2W checkpoints on the search path (engine.checkpoints) trained for ``fingerprint``,
-    best first by the layer's tie rule (search-path position, then file name)."""
-    return resolve(CHECKPOINT_GLOB, read_checkpoint_record, fingerprint, checkpoint_dir)
+        raise CheckpointError(f"{ck.path.name}: weights do not match the stored config ({exc})") from None
+    return mapper.eval(), ck.record
 
 
 # -- the authors' checkpoint (IM2TEXT_OWM_Attn) -----------------------------------------------------------
@@ -558,21 +543,22 @@ class ContextI2WComposer(Composer):
 
 
 def load_context_i2w_composer(backbone, checkpoint_dir=None) -> ContextI2WComposer:
-    """The composer for ``backbone`` from the first matching checkpoint in ``checkpoint_dir``."""
+    """The composer for ``backbone`` from the best checkpoint on the search path (engine.checkpoints.find)."""
     if checkpoint_dir is None:
         from ..config import Settings
 
         checkpoint_dir = Settings().checkpoints
-    found = find_checkpoints(checkpoint_dir, backbone.fingerprint)
+    found = find("context-i2w", backbone.fingerprint, checkpoint_dir)
     if not found:
         raise ComposerUnavailable(
             f"no Context-I2W checkpoint for {backbone.name} in {checkpoint_dir}; train one with "
             f"python -m engine train context-i2w --data captions")
-    mapper, record = load_checkpoint(found[0][0], backbone.fingerprint)
+    path = found[0][0]
+    mapper, record = load_context_i2w(path, backbone.fingerprint)
     try:
-        anchor = load_anchor(found[0][0], record)
+        anchor = load_anchor(path, record)
     except Exception as exc:
-        raise CheckpointError(f"{found[0][0].name}: its prior anchor cannot be read ({exc.__class__.__name__})") from None
+        raise CheckpointError(f"{path.name}: its prior anchor cannot be read ({exc.__class__.__name__})") from None
     return ContextI2WComposer(backbone, mapper, record, anchor=anchor)
 
 

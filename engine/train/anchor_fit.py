@@ -218,7 +218,7 @@ def _r(d: dict) -> dict:
 def anchor_checkpoint(backbone, part: str, checkpoint_dir=None, progress: bool = True) -> dict:
     """Builds, fits and stores the anchor of the ``part`` checkpoint for ``backbone`` found in
     ``checkpoint_dir`` (rewritten in place). Returns the fit's report."""
-    from ..compose.context_i2w import load_context_i2w_composer, save_checkpoint as save_ci2w
+    from ..compose.context_i2w import load_context_i2w_composer, save_context_i2w
     from ..compose.rtic import load_rtic_composer, save_rtic
 
     if part in ("rtic", "rtic+gcn"):
@@ -242,10 +242,8 @@ def anchor_checkpoint(backbone, part: str, checkpoint_dir=None, progress: bool =
     extra = {k: v for k, v in record.items() if k not in ("kind", "format_version", "config", "backbone_fingerprint",
                                                           "backbone_name", "file", "anchor", "anchor_fit")}
     extra["anchor_fit"] = report
-    if part == "context-i2w":
-        for k in ("placeholder", "placeholder_id", "parameters", "stored_dtype"):
-            extra.pop(k, None)
-        save_ci2w(path, model, backbone, extra, half=record.get("stored_dtype") == "float16", anchor=anchor)
+    if part == "context-i2w":  # the record's own keys are made again from the mapper and the anchor
+        save_context_i2w(path, model, backbone, extra, half=record.get("stored_dtype") == "float16", anchor=anchor)
     else:
         save_rtic(path, model, backbone.fingerprint, record.get("backbone_name", backbone.name), extra, anchor,
                   variant=part)
