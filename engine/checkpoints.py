@@ -20,29 +20,6 @@ def require_backbone(path: os.PathLike, stored: Optional[str], live: Optional[st
                               f"not for the live backbone {live!r}{hint}")
 
 
-def read_safetensors_record(path: os.PathLike, key: str, label: str) -> dict:
-    """The JSON record stored under ``key`` in a safetensors file's metadata, without loading tensors.
-
-    The record must say ``"kind": key`` and hold a ``config``; anything else raises CheckpointError
-    naming the file (``label`` is the part's name for messages, e.g. "RTIC")."""
-    import json
-
-    from safetensors import safe_open
-
-    path = Path(path)
-    if not path.is_file():
-        raise CheckpointError(f"{label} checkpoint not found: {path.name}")
-    try:
-        with safe_open(str(path), framework="pt") as f:
-            meta = f.metadata() or {}
-        record = json.loads(meta[key])
-    except Exception as exc:  # damaged file, not safetensors, no metadata
-        raise CheckpointError(f"{path.name} is not a valid {label} checkpoint ({exc.__class__.__name__})") from None
-    if not isinstance(record, dict) or record.get("kind") != key or "config" not in record:
-        raise CheckpointError(f"{path.name} is not a {label} checkpoint")
-    return record
-
-
 # -- weights that can be used: whole and finite ------------------------------------------------------------
 _VERIFIED: dict = {}  # (path, size, mtime_ns) -> None or why the file is refused
 _REFUSALS = threading.local()
@@ -124,12 +101,6 @@ def refusals():
         yield found
     finally:
         _REFUSALS.found = previous
-
-
-def find_checkpoints(checkpoint_dir: os.PathLike, pattern: str, read_record, fingerprint: str):
-    """[(path, record)] for the readable checkpoints matching ``pattern`` on the search path (see
-    :func:`resolve`) whose record says they were trained for backbone ``fingerprint``, best first."""
-    return resolve(pattern, read_record, fingerprint, checkpoint_dir)
 
 
 # -- the one checkpoint layer: naming and discovery ---------------------------------------------------------
@@ -273,18 +244,16 @@ class Part:
     glob: str  # files searched for it on the search path
     train: str  # the command that makes one
     family: str  # what ``prepare`` calls it (rtic+gcn is prepared with rtic)
-    legacy_key: str = ""  # format 1: the metadata key holding the record
     rank: int = 0  # tie rule between parts sharing a glob (plain RTIC before RTIC+GCN)
     sized: bool = False  # its record says the embedding size it takes (find/load with ``dim`` check it)
 
 
 PARTS: Dict[str, Part] = {p.name: p for p in (
     Part("context-i2w", "Context-I2W", "context_i2w", "context_i2w*.safetensors",
-         "python -m engine train context-i2w", "context-i2w", legacy_key="context_i2w"),
-    Part("rtic", "RTIC", "rtic", "rtic*.safetensors", "python -m engine train rtic --data cir", "rtic",
-         legacy_key="rtic"),
+         "python -m engine train context-i2w", "context-i2w"),
+    Part("rtic", "RTIC", "rtic", "rtic*.safetensors", "python -m engine train rtic --data cir", "rtic"),
     Part("rtic+gcn", "RTIC+GCN", "rtic-gcn", "rtic*.safetensors", "python -m engine train rtic --data cir --gcn",
-         "rtic", legacy_key="rtic", rank=1),
+         "rtic", rank=1),
     Part("lattqe", "LAttQE", "lattqe", "lattqe*.safetensors", "python -m engine train lattqe", "lattqe", sized=True),
     Part("ics", "ICS", "ics", "ics-*.safetensors", "python -m engine train ics --bits {bits}", "ics", sized=True),
 )}
@@ -319,24 +288,20 @@ def make_record(part_name: str, fingerprint: str, config: dict, recipe: Optional
 
 def write(path: os.PathLike, tensors: Dict[str, Any], record: dict) -> Path:
     """Writes ``tensors`` + ``record`` as ``path`` (.safetensors) and the record as its ``.json`` sidecar, each
-    atomically (temporary file, then rename). For RTIC and Context-I2W the record is also stored under their
-    format-1 key, so their current loaders read the file too."""
+    atomically (temporary file, then rename)."""
     import json
 
     from safetensors.torch import save_file
 
     from .fileio import atomic_path, atomic_write_text
 
-    info = part(record.get("part", ""))
+    part(record.get("part", ""))
     if record.get("format") != RECORD_FORMAT or not record.get("backbone_fingerprint"):
         raise ValueError("write() takes a record made by make_record()")
     path = Path(path).with_suffix(".safetensors")
     path.parent.mkdir(parents=True, exist_ok=True)
     text = json.dumps(record, default=str)
     meta = {RECORD_KEY: text}
-    if info.legacy_key:
-        variant = {"rtic": {"variant": "rtic"}, "rtic+gcn": {"variant": "rtic+gcn"}}.get(info.name, {})
-        meta[info.legacy_key] = json.dumps({**variant, **record, "kind": info.legacy_key}, default=str)
     state = {k: v.detach().cpu().contiguous() for k, v in tensors.items()}
     with atomic_path(path, mode=0o644) as tmp:
         save_file(state, str(tmp), metadata=meta)
