@@ -123,16 +123,24 @@ def split_state(state: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
 
 
 def load_anchor(path, record: dict) -> Optional[Anchor]:
-    """The anchor stored in a composer's checkpoint file (None for one written before anchoring existed)."""
+    """The anchor stored in a composer's checkpoint file (None for one written before anchoring existed);
+    CheckpointError naming the file when it is there but cannot be read."""
     if not isinstance(record.get("anchor"), dict):
         return None
+    from pathlib import Path
+
     from safetensors import safe_open
 
-    with safe_open(str(path), framework="pt") as f:
-        keys = set(f.keys())
-        text = f.get_tensor(PREFIX + "text_bank") if PREFIX + "text_bank" in keys else None
-        image = f.get_tensor(PREFIX + "image_bank") if PREFIX + "image_bank" in keys else None
-    return Anchor(AnchorConfig.from_dict(record["anchor"]), text, image)
+    from ..errors import CheckpointError
+
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            keys = set(f.keys())
+            text = f.get_tensor(PREFIX + "text_bank") if PREFIX + "text_bank" in keys else None
+            image = f.get_tensor(PREFIX + "image_bank") if PREFIX + "image_bank" in keys else None
+        return Anchor(AnchorConfig.from_dict(record["anchor"]), text, image)
+    except Exception as exc:
+        raise CheckpointError(f"{Path(path).name}: its prior anchor cannot be read ({exc.__class__.__name__})") from None
 
 
 def kmeans_prototypes(x: torch.Tensor, k: int = 64, iters: int = 25, seed: int = 0) -> torch.Tensor:

@@ -555,10 +555,7 @@ def load_context_i2w_composer(backbone, checkpoint_dir=None) -> ContextI2WCompos
             f"python -m engine train context-i2w --data captions")
     path = found[0][0]
     mapper, record = load_context_i2w(path, backbone.fingerprint)
-    try:
-        anchor = load_anchor(path, record)
-    except Exception as exc:
-        raise CheckpointError(f"{path.name}: its prior anchor cannot be read ({exc.__class__.__name__})") from None
+    anchor = load_anchor(path, record)  # CheckpointError naming the file when unreadable
     return ContextI2WComposer(backbone, mapper, record, anchor=anchor)
 
 

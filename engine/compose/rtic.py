@@ -294,10 +294,7 @@ def load_rtic_composer(backbone, checkpoint_dir=None, variant: Optional[str] = N
         )
     path, _ = found[0]  # the layer's tie rule: search path, plain RTIC first, name
     model, record = load_rtic(path, backbone.fingerprint)
-    try:
-        anchor = load_anchor(path, record)
-    except Exception as exc:
-        raise CheckpointError(f"{path.name}: its prior anchor cannot be read ({exc.__class__.__name__})") from None
+    anchor = load_anchor(path, record)  # CheckpointError naming the file when unreadable
     return RTICComposer(backbone, model, record, anchor=anchor)
 
 
