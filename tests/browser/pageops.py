@@ -70,6 +70,16 @@ def toast_errors(page) -> List[str]:
     return page.locator("[data-testid=toast-body]").all_inner_texts()
 
 
+def take_toast(page) -> str:
+    """Wait for the page's error toast, close every toast and return their text."""
+    page.wait_for_selector("[data-testid=toast-body]")
+    text = " ".join(toast_errors(page))
+    for close in page.locator("[data-testid=toast-close]").all():
+        close.click()
+    page.wait_for_function("() => !document.querySelector('[data-testid=toast-body]')")
+    return text
+
+
 def wait_idle(page, elem_id: str, timeout: float = 90_000) -> None:
     """Wait until the component's progress tracker is hidden (its event finished)."""
     page.wait_for_function(

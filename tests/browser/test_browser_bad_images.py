@@ -20,12 +20,7 @@ pytestmark = pytest.mark.browser
 
 def _search_expecting_error(page) -> str:
     page.click("#search")
-    page.wait_for_selector("[data-testid=toast-body]")
-    text = " ".join(ui.toast_errors(page))
-    for close in page.locator("[data-testid=toast-close]").all():
-        close.click()
-    page.wait_for_function("() => !document.querySelector('[data-testid=toast-body]')")
-    return text
+    return ui.take_toast(page)
 
 
 def test_bad_images_get_a_sentence_and_awkward_modes_are_searched(served_demo, open_page, shot, tmp_path):

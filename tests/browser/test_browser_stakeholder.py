@@ -72,23 +72,15 @@ def test_user_mistakes_get_one_sentence_on_the_page_and_one_log_line(served_demo
     page = open_page(url, "desktop")
     caplog.set_level(logging.WARNING, logger="demo.handlers")
 
-    def toast() -> str:
-        page.wait_for_selector("[data-testid=toast-body]")
-        text = " ".join(ui.toast_errors(page))
-        for close in page.locator("[data-testid=toast-close]").all():
-            close.click()
-        page.wait_for_function("() => !document.querySelector('[data-testid=toast-body]')")
-        return text
-
     # an empty search
     page.click("#search")
-    msg = toast()
+    msg = ui.take_toast(page)
     assert "give a reference image, a modification text, or both" in msg, msg
     # a file that is not an image
     notes = tmp_path / "notes.txt"
     notes.write_text("not an image")
     ui.upload(page, "reference", notes)
-    msg = toast()
+    msg = ui.take_toast(page)
     assert "notes.txt" in msg and re.search(r"[A-Za-z]{3,}.*\.", msg), msg
     shot(page, "not-an-image")
     mistakes = [r for r in caplog.records if r.getMessage().startswith("user mistake:")]
