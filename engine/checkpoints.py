@@ -233,6 +233,15 @@ def describe_search_path(checkpoint_dir=None) -> str:
 RECORD_KEY = "cis_checkpoint"
 RECORD_FORMAT = 2
 RECORD_FIELDS = ("format", "part", "backbone_fingerprint", "backbone_name", "config", "recipe", "validation")
+# what a loaded record holds besides a trainer's figures: the schema's fields, the file name (read_record) and
+# format 1's own keys
+RECORD_KEYS = RECORD_FIELDS + ("file", "kind", "format_version", "variant")
+
+
+def figures_of(record: dict, *also: str) -> dict:
+    """A loaded record's trainer figures: every key but :data:`RECORD_KEYS` and ``also`` (the keys a part's
+    saver makes itself). What a saver keeps when a loaded record is saved again."""
+    return {k: v for k, v in record.items() if k not in RECORD_KEYS and k not in also}
 
 
 @dataclass(frozen=True)

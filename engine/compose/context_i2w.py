@@ -48,7 +48,7 @@ import torch.nn.functional as F
 from ..errors import CheckpointError, InputError
 from .anchor import Anchor, load_anchor, split_state
 from .base import COMPOSERS, Composer, ComposerUnavailable, Composition, Query, normalise
-from ..checkpoints import RECORD_FIELDS, find, load, make_record, write
+from ..checkpoints import figures_of, find, load, make_record, write
 
 TEMPLATE_MARK = "*"  # where S* goes in a written template; the prompt holds the placeholder token there
 DEFAULT_TEMPLATE = "a photo of * , {text}"
@@ -267,10 +267,9 @@ def build_prompt(config: ContextI2WConfig, text: Optional[str]) -> str:
 
 # -- checkpoints: the one record format of engine.checkpoints ------------------------------------------
 
-# keys the record of a mapper is made of (from the mapper, the backbone and the anchor), never taken from
-# the figures given to save_context_i2w (so a loaded record can be passed back, as engine.train.anchor_fit does)
-_OWN_KEYS = RECORD_FIELDS + ("placeholder", "placeholder_id", "parameters", "stored_dtype", "anchor", "kind",
-                             "format_version", "file")
+# keys of a mapper's record made from the mapper, the backbone and the anchor, never taken from the figures
+# given to save_context_i2w (so a loaded record can be passed back, as engine.train.anchor_fit does)
+_OWN_KEYS = ("placeholder", "placeholder_id", "parameters", "stored_dtype", "anchor")
 
 
 def _recipe_and_validation(training) -> Tuple[dict, Optional[dict]]:
@@ -298,7 +297,7 @@ def save_context_i2w(path: os.PathLike, mapper: ContextI2WMapper, backbone, figu
     ``half`` stores the weights as float16 (half the size; loading converts back to float32); ``anchor``:
     the prior anchor (engine.compose.anchor) stored with the weights (float32, tensors ``anchor.*``).
     """
-    figures = {k: v for k, v in (figures or {}).items() if k not in _OWN_KEYS}
+    figures = figures_of(figures or {}, *_OWN_KEYS)
     recipe, validation = _recipe_and_validation(figures.get("training"))
     own = {"placeholder": mapper.config.placeholder, "placeholder_id": int(getattr(backbone, "placeholder_id", -1)),
            "parameters": count_parameters(mapper), "stored_dtype": "float16" if half else "float32"}

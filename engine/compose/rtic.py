@@ -34,7 +34,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..checkpoints import find, load, make_record, write
+from ..checkpoints import figures_of, find, load, make_record, write
 from ..errors import CheckpointError
 from .anchor import Anchor, load_anchor, split_state
 from .base import COMPOSERS, Composer, ComposerUnavailable, Composition, Query, normalise
@@ -174,9 +174,6 @@ def count_parameters(module: nn.Module, exclude: Tuple[str, ...] = ("log_scale",
 
 
 VARIANTS = ("rtic", "rtic+gcn")  # the parts of engine.checkpoints.PARTS an RTIC file is (its record's "part")
-# keys of a record that the record format sets itself (dropped when a loaded record is saved again)
-_OWN_KEYS = ("kind", "format", "format_version", "part", "variant", "file", "config", "backbone_fingerprint",
-             "backbone_name", "anchor", "recipe", "train_config", "validation")
 
 
 def save_rtic(path: os.PathLike, model: RTIC, fingerprint: str, backbone_name: str = "",
@@ -186,14 +183,13 @@ def save_rtic(path: os.PathLike, model: RTIC, fingerprint: str, backbone_name: s
     "rtic"); ``extra``: the trainer's figures (its ``train_config`` becomes the recipe) or a loaded record being
     saved again (engine.train.anchor_fit); ``anchor``: the prior anchor (engine.compose.anchor) stored with the
     weights (tensors ``anchor.*``, its ramps as the record's ``anchor``)."""
-    figures = dict(extra or {})
-    variant = variant or figures.get("part") or figures.get("variant") or "rtic"
+    extra = extra or {}
+    variant = variant or extra.get("part") or extra.get("variant") or "rtic"
     if variant not in VARIANTS:
         raise ValueError(f"unknown RTIC variant {variant!r}; use one of {VARIANTS}")
-    recipe = figures.get("recipe") or figures.get("train_config")
-    validation = figures.get("validation")
-    for key in _OWN_KEYS:
-        figures.pop(key, None)
+    recipe = extra.get("recipe") or extra.get("train_config")
+    validation = extra.get("validation")
+    figures = figures_of(extra, "anchor", "train_config")  # the record's own keys are made again here
     record = make_record(variant, fingerprint, asdict(model.config), recipe, validation, backbone_name, **figures)
     state = dict(model.state_dict())
     if anchor is not None:

@@ -239,10 +239,8 @@ def anchor_checkpoint(backbone, part: str, checkpoint_dir=None, progress: bool =
     anchor.config = cfg
     report.update(config=cfg.to_dict(), text_bank=len(texts), image_bank=int(anchor.image_bank.shape[0]),
                   command=f"python -m engine train anchor --composer {part}")
-    extra = {k: v for k, v in record.items() if k not in ("kind", "format_version", "config", "backbone_fingerprint",
-                                                          "backbone_name", "file", "anchor", "anchor_fit")}
-    extra["anchor_fit"] = report
-    if part == "context-i2w":  # the record's own keys are made again from the mapper and the anchor
+    extra = {**record, "anchor_fit": report}  # each saver makes the record's own keys again (checkpoints.figures_of)
+    if part == "context-i2w":
         save_context_i2w(path, model, backbone, extra, half=record.get("stored_dtype") == "float16", anchor=anchor)
     else:
         save_rtic(path, model, backbone.fingerprint, record.get("backbone_name", backbone.name), extra, anchor,

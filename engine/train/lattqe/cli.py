@@ -11,7 +11,7 @@ from typing import Optional, Sequence
 import numpy as np
 import torch
 
-from ...checkpoints import RECORD_FIELDS
+from ...checkpoints import figures_of
 from ...config import Settings
 from ...errors import InputError
 from ...expand.lattqe import save_lattqe
@@ -196,8 +196,7 @@ def _refloor(args, cfg: TrainConfig, fp: str, val_x: np.ndarray, val_y: np.ndarr
     floor = choose_floor(model, val_x, val_y, cfg, allowed=None if guard is None else guard["allowed"])
     if guard is not None:
         floor["cir_guard"] = guard
-    keep = {key: v for key, v in record.items() if key not in (*RECORD_FIELDS, "kind", "fingerprint", "embed_dim",
-                                                                "weights", "file")}
+    keep = figures_of(record, "fingerprint", "embed_dim", "weights")
     keep["train"] = record.get("recipe") or record.get("train") or {}
     keep.update(floor_selection=floor, val_map=floor["val_map"])
     out_dir = args.out or Path(settings.checkpoints)
