@@ -103,6 +103,30 @@ def refusals():
         _REFUSALS.found = previous
 
 
+# -- a trainer's resume state (state.pt: weights, optimiser, schedule, history) ------------------------------
+
+
+def save_training_state(path: os.PathLike, state: dict) -> None:
+    """Writes a trainer's resume state atomically (``torch.save`` of tensors and plain values only)."""
+    import torch
+
+    from .fileio import atomic_path
+
+    with atomic_path(path) as tmp:
+        torch.save(state, tmp)
+
+
+def load_training_state(path: os.PathLike, map_location="cpu") -> dict:
+    """A resume state written by :func:`save_training_state`, read with ``weights_only=True``; CheckpointError
+    naming the file when it cannot be read."""
+    import torch
+
+    try:
+        return torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as exc:
+        raise CheckpointError(f"{Path(path).name}: cannot resume ({exc.__class__.__name__})") from None
+
+
 # -- the one checkpoint layer: naming and discovery ---------------------------------------------------------
 #
 # Every learned part (Context-I2W, RTIC, RTIC+GCN, LAttQE, ICS heads) is stored as

@@ -13,19 +13,13 @@ from typing import Any, List, Optional
 import numpy as np
 import torch
 
+from ...checkpoints import load_training_state, save_training_state
 from ...compose.context_i2w import ContextI2WMapper, save_context_i2w
 from ...errors import CheckpointError, InputError
 from ..budget import another_epoch_fits
 from .data import PairFeatures, _batch
 from .model import TrainConfig, _param_groups, _schedule, contrastive_loss, pseudo_prompt_embeddings
 from .report import evaluate_pairs
-
-
-def _atomic_torch_save(obj, path: Path) -> None:
-    from ...fileio import atomic_path
-
-    with atomic_path(path) as tmp:
-        torch.save(obj, tmp)
 
 
 @dataclass
@@ -63,10 +57,7 @@ def _config_key(mapper: ContextI2WMapper) -> str:
 
 def _resume(state_path: Path, backbone, mapper: ContextI2WMapper, run: _Run) -> tuple:
     """(first epoch, history) from ``state.pt``; refuses another backbone's or another config's state."""
-    try:
-        st = torch.load(state_path, map_location=backbone.device, weights_only=True)
-    except Exception as exc:
-        raise CheckpointError(f"{state_path.name}: cannot resume ({exc.__class__.__name__})") from None
+    st = load_training_state(state_path, map_location=backbone.device)
     if st.get("backbone_fingerprint") != backbone.fingerprint:
         raise CheckpointError(f"{state_path.name} belongs to backbone {st.get('backbone_fingerprint')!r}, "
                               f"not {backbone.fingerprint!r}")
@@ -127,10 +118,10 @@ def _train_epoch(backbone, mapper: ContextI2WMapper, feats: PairFeatures, cfg: T
 
 def _save_state(state_path: Path, backbone, mapper: ContextI2WMapper, run: _Run, epoch: int,
                 history: List[dict]) -> None:
-    _atomic_torch_save({"mapper": mapper.state_dict(), "optimizer": run.opt.state_dict(),
-                        "scheduler": run.sched.state_dict(), "epoch": epoch + 1, "step": run.step,
-                        "history": history, "backbone_fingerprint": backbone.fingerprint,
-                        "config": _config_key(mapper)}, state_path)
+    save_training_state(state_path, {"mapper": mapper.state_dict(), "optimizer": run.opt.state_dict(),
+                                     "scheduler": run.sched.state_dict(), "epoch": epoch + 1, "step": run.step,
+                                     "history": history, "backbone_fingerprint": backbone.fingerprint,
+                                     "config": _config_key(mapper)})
 
 
 def train_mapper(backbone, mapper: ContextI2WMapper, feats: PairFeatures, cfg: TrainConfig,

@@ -11,26 +11,13 @@ from typing import Dict, List, Optional, Tuple
 
 import torch
 
+from ...checkpoints import load_training_state, save_training_state
 from ...compose.rtic import RTIC, RTICConfig
 from ...data.cir_triplets import TripletSet
 from ...errors import CheckpointError, InputError
 from ..budget import another_epoch_fits
 from ..gcn_graph import CorrelationGraph, GCNStream, build_graph, gcn_bce_loss
 from .model import TrainConfig, compose_all, make_optimizer, negatives_mask, pair_loss
-
-
-def _save_state(path: Path, state: dict) -> None:
-    from ...fileio import atomic_path
-
-    with atomic_path(path) as tmp:
-        torch.save(state, tmp)
-
-
-def _load_state(path: Path) -> dict:
-    try:
-        return torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:
-        raise CheckpointError(f"cannot resume from {path.name}: {exc.__class__.__name__}") from None
 
 
 @dataclass
@@ -98,7 +85,7 @@ def _epoch(model: RTIC, data: TripletSet, cfg: TrainConfig, perm: torch.Tensor, 
 def _resume(state_path: Path, fingerprint: str, desc: str, model: RTIC, stream: Optional[GCNStream], opt,
             sched) -> Tuple[List[dict], int]:
     """Restores a run's state; (history so far, epochs done)."""
-    state = _load_state(state_path)
+    state = load_training_state(state_path)
     if state.get("fingerprint") != fingerprint or state.get("desc") != desc:
         raise CheckpointError(f"{state_path.name} belongs to another run or backbone; cannot resume")
     model.load_state_dict(state["model"])
@@ -122,7 +109,7 @@ def _keep_state(state_path: Path, model: RTIC, stream: Optional[GCNStream], opt,
     }
     if stream is not None:
         state["stream"] = stream.state_dict()
-    _save_state(state_path, state)
+    save_training_state(state_path, state)
 
 
 def fit(
