@@ -171,7 +171,7 @@ class IdleBodyTimeout:
     """ASGI middleware: a request whose body stalls for ``idle_s`` seconds between two pieces gets HTTP 408
     and its connection closed (a slow client would otherwise hold a descriptor and a task for ever)."""
 
-    def __init__(self, app, idle_s: float = 15.0):
+    def __init__(self, app, idle_s: float = IDLE_BODY_S):
         self.app, self.idle_s = app, idle_s
 
     async def __call__(self, scope, receive, send):
@@ -222,6 +222,7 @@ def search_route(engine: SearchEngine, settings: Optional[Settings] = None, work
     lock = threading.Lock()
     max_body = int(settings.max_upload_mb * 1e6) * 4 // 3 + 64_000  # a base64 image at the limit + the fields
     admission = Admission(MAX_BODIES_READ, BODY_BYTES_FACTOR * max_body, max_body)
+    too_big = f"the request is over {max_body / 1e6:.1f} MB; images are limited to {settings.max_upload_mb:g} MB"
 
     def error(status: int, message: str, close: bool = False) -> JSONResponse:
         if status < 500 or status == 503:
@@ -257,8 +258,7 @@ def search_route(engine: SearchEngine, settings: Optional[Settings] = None, work
         declared = int(declared_text) if declared_text.isdigit() else max_body
         if declared > max_body:  # a body up to a few times the limit is drained unread by the server, so the
             # client reads the answer; a larger one gets its answer and the connection closed
-            return error(413, f"the request is over {max_body / 1e6:.1f} MB; images are limited to "
-                              f"{settings.max_upload_mb:g} MB", close=declared > 4 * max_body)
+            return error(413, too_big, close=declared > 4 * max_body)
         with lock:
             if state["in"] >= waiting_max:
                 return error(503, BUSY)
@@ -271,8 +271,7 @@ def search_route(engine: SearchEngine, settings: Optional[Settings] = None, work
             finally:
                 admission.leave(declared)
             if body is None:
-                return error(413, f"the request is over {max_body / 1e6:.1f} MB; images are limited to "
-                                  f"{settings.max_upload_mb:g} MB")
+                return error(413, too_big)
             holder = [body]
             del body
             try:
