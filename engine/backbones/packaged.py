@@ -22,6 +22,7 @@ from PIL import Image
 from ..errors import EngineError
 from .base import Backbone, TextEncoding
 from .concepts import ConceptWeights, concept_prompts, concept_scores, mix
+from .visual import VisualChannel, load_channel
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +55,9 @@ def imagenet_class_names() -> List[str]:
 # The concept weighting of the shipped backbone version; chosen on the validation split of the offline CIR
 # set by `python -m engine eval concepts` (docs/backbones.md).
 DEFAULT_CONCEPTS = ConceptWeights(classes=1.0, object_colour=0.5, scene_colour=0.0, light=0.25, sigma=8.0)
+# The visual channel's share of an image embedding (engine/backbones/visual.py); chosen on the validation
+# classes of the offline labelled set by `python -m engine.train.visual --choose` (docs/backbones.md).
+DEFAULT_VISUAL = 0.6
 
 
 # Text tables (ImageNet class prompts, concept prompts) shipped with the app for the bundled weights, so a first
@@ -64,7 +68,8 @@ class PackagedBackbone(Backbone):
     placeholder = "*"
 
     def __init__(self, variant: str = "lite0", device: str = "cpu", temperature: float = 1.0, top_k: int = 0,
-                 concepts: Optional[ConceptWeights] = None):
+                 concepts: Optional[ConceptWeights] = None, visual: Optional[float] = None,
+                 visual_channel: Optional[VisualChannel] = None):
         if variant not in VARIANTS:
             raise EngineError(f"unknown packaged variant {variant!r}; choose one of {', '.join(VARIANTS)}")
         pkg, cls_name, size = VARIANTS[variant]
@@ -101,8 +106,12 @@ class PackagedBackbone(Backbone):
         self._fp = self._weights_fp
         if self.concepts.any:  # a new backbone version: indexes and checkpoints of the old one do not match
             self._fp += f"+concepts-{hashlib.sha256(self.concepts.tag().encode()).hexdigest()[:8]}"
-        self.embed_dim = int(self.text.config.hidden_size)
-        self.token_dim = self.embed_dim
+        self.text_dim = int(self.text.config.hidden_size)
+        self.visual = visual_channel or load_channel(variant, DEFAULT_VISUAL if visual is None else visual)
+        if self.visual is not None:  # another backbone version: images gain the visual block, texts zeros
+            self._fp += f"+{self.visual.tag()}"
+        self.embed_dim = self.text_dim + (self.visual.dim if self.visual is not None else 0)
+        self.token_dim = self.text_dim
         self.vision_width = int(self.vision._fc.in_features)
         self.context_length = 256
         self.logit_scale = 100.0
@@ -133,11 +142,11 @@ class PackagedBackbone(Backbone):
         if path.exists():
             try:
                 arr = np.load(path, allow_pickle=False)
-                if arr.shape == (len(prompts), self.embed_dim):
+                if arr.shape == (len(prompts), self.text_dim):
                     return torch.from_numpy(arr).to(self.device)
             except (OSError, ValueError):
                 pass
-        embs = torch.cat([self.encode_texts(prompts[i : i + 250]).embeddings for i in range(0, len(prompts), 250)])
+        embs = torch.cat([self._text_space(prompts[i : i + 250])[0] for i in range(0, len(prompts), 250)])
         path.parent.mkdir(parents=True, exist_ok=True)
         from ..fileio import atomic_save_npy
 
@@ -187,6 +196,8 @@ class PackagedBackbone(Backbone):
     def encode_images_with_tokens(self, pixels):
         class_part, scores, fmap = self.image_parts(pixels)
         emb = mix(class_part, scores, self.concept_text, self.concepts) if scores else class_part
+        if self.visual is not None:
+            emb = self.visual.join(emb, fmap.mean(dim=(2, 3)))
         patches = fmap.flatten(2).transpose(1, 2)  # (B, h*w, C)
         tokens = torch.cat([fmap.mean(dim=(2, 3)).unsqueeze(1), patches], dim=1)
         return emb, tokens
@@ -206,11 +217,21 @@ class PackagedBackbone(Backbone):
         m = mask.unsqueeze(-1).to(hidden.dtype)
         return F.normalize((hidden * m).sum(1) / m.sum(1).clamp(min=1e-9), dim=-1)
 
-    def encode_texts(self, texts):
+    def _text_space(self, texts):
+        """Unit-length MiniLM sentence embeddings (B, text_dim) and truncation notices."""
         batch, notices = self._tokenize(texts)
         with torch.no_grad():
             out = self.text(**batch).last_hidden_state
-        return TextEncoding(self._pool(out, batch["attention_mask"]), notices)
+        return self._pool(out, batch["attention_mask"]), notices
+
+    def _widen(self, emb: torch.Tensor) -> torch.Tensor:
+        """Text-space embeddings (B, text_dim) -> (B, embed_dim): zeros in the visual block."""
+        extra = self.embed_dim - emb.shape[-1]
+        return F.pad(emb, (0, extra)) if extra > 0 else emb
+
+    def encode_texts(self, texts):
+        emb, notices = self._text_space(texts)
+        return TextEncoding(self._widen(emb), notices)
 
     def encode_texts_with_pseudo(self, texts, pseudo):
         batch, _ = self._tokenize(texts)
@@ -222,7 +243,7 @@ class PackagedBackbone(Backbone):
         emb = torch.where(where.unsqueeze(-1), pseudo.to(emb.dtype).unsqueeze(1).expand_as(emb), emb)
         out = self.text(inputs_embeds=emb, attention_mask=batch["attention_mask"],
                         token_type_ids=batch.get("token_type_ids")).last_hidden_state
-        return self._pool(out, batch["attention_mask"])
+        return self._widen(self._pool(out, batch["attention_mask"]))
 
     def word_token_embedding(self, word):
         ids = self.tokenizer(word, add_special_tokens=False)["input_ids"]
