@@ -28,7 +28,10 @@ from .share import ReferenceStore
 
 log = logging.getLogger(__name__)
 DEFAULT_NQE = None  # None (or 0): the nQE chosen on validation for the expander, capped by the gallery (engine.defaults)
-SAME_IMAGE_COSINE = 0.9995  # cosine at which a gallery embedding is the reference itself (float16 storage)
+SAME_IMAGE_COSINE = 0.9995  # cosine at which a gallery embedding may be the reference itself (float16 storage)
+# ... and the least mean cosine of its feature-map cells, place by place, for it to be the same picture: a mirrored,
+# greyed or slightly different picture can embed within SAME_IMAGE_COSINE, its cells do not all agree
+SAME_IMAGE_CELLS = 0.95
 
 
 @dataclass
@@ -290,7 +293,7 @@ def search(
     # so a few more are fetched to still return k
     extra = 4 if exclude_reference and query.has_image else 0
     ref = ref + ((query.image_embedding.detach().float().cpu().numpy().astype(np.float32)
-                  if extra and query.image_embedding is not None else None),)
+                  if extra and query.image_embedding is not None else None), query.image_tokens)
     # one first-stage search: the results themselves, or (with expansion) the nQE neighbours to expand from
     # and, in the same pass, the ranking without expansion that the display compares against
     nq = max(1, min(nqe or engine.defaults.gallery_nqe(expand, n), n))
@@ -421,16 +424,29 @@ def _collect(engine: SearchEngine, scores, ids, k: int, extra: int, ref, first_r
     return results
 
 
-def _is_reference(engine: SearchEngine, i: int, ref_id, ref_hash, ref_vec) -> bool:
+def _is_reference(engine: SearchEngine, i: int, ref_id, ref_hash, ref_vec, ref_tokens=None) -> bool:
     """Whether gallery item ``i`` is the reference image itself: the same id, the same file bytes, or (a
-    re-encoded copy, e.g. after an upload) an embedding identical up to float16 storage."""
+    re-encoded copy, e.g. after an upload) an embedding identical up to float16 storage whose feature map
+    agrees with the reference's cell by cell. A different picture that embeds the same (a mirror image, a
+    grey version) is not the reference and stays in the results."""
     if (ref_id is not None and i == ref_id) or (ref_hash is not None and engine.index.items[i]["sha256"] == ref_hash):
         return True
     if ref_vec is None:
         return False
     g = engine.index.embeddings[i].astype(np.float32)
     den = float(np.linalg.norm(g) * np.linalg.norm(ref_vec))
-    return den > 0 and float(g @ ref_vec) / den >= SAME_IMAGE_COSINE
+    if not (den > 0 and float(g @ ref_vec) / den >= SAME_IMAGE_COSINE):
+        return False
+    if ref_tokens is None or ref_tokens.shape[0] < 2:
+        return True  # nothing finer to compare with
+    try:
+        _, _, tokens, _ = engine.gallery_features(i)  # cached by content; encoded once otherwise
+    except Exception:  # an unreadable gallery file: judged by the embedding alone
+        return True
+    if tokens.shape != ref_tokens.shape:
+        return True
+    cells = torch.nn.functional.cosine_similarity(tokens[1:].float(), ref_tokens[1:].float(), dim=-1)
+    return float(cells.mean()) >= SAME_IMAGE_CELLS
 
 
 def _explain(engine: SearchEngine, results: List[Result], query: Query, qvec: np.ndarray) -> None:

@@ -30,7 +30,8 @@ def test_tiny_backbones(cfg, tokens):
 
 def test_packaged_backbone(packaged):
     _check_interface(packaged, 1 + 7 * 7)
-    assert packaged.embed_dim == 384 and packaged.vision_width == 1280
+    assert packaged.text_dim == 384 and packaged.vision_width == 1280
+    assert packaged.embed_dim == 384 + packaged.visual.dim  # the class-name bridge + the visual channel
 
 
 def test_packaged_image_embedding_is_the_class_bridge(packaged):
@@ -39,7 +40,8 @@ def test_packaged_image_embedding_is_the_class_bridge(packaged):
     probs, _ = packaged.class_probabilities(x)
     names = packaged.class_names[:3]
     direct = packaged.encode_texts([f"a photo of a {n}." for n in names]).embeddings
-    assert torch.allclose(direct, packaged.class_text[:3], atol=1e-5)
+    assert torch.allclose(direct[:, :packaged.text_dim], packaged.class_text[:3], atol=1e-5)
+    assert direct[:, packaged.text_dim:].abs().max() == 0  # texts have nothing in the visual block
     expect = torch.nn.functional.normalize(probs @ packaged.class_text, dim=-1)
     class_part, _, _ = packaged.image_parts(x)
     assert torch.allclose(class_part, expect, atol=1e-5)  # the concept part: tests/test_concepts.py
@@ -132,3 +134,53 @@ def test_unknown_backbone_is_a_clear_error():
 
     with pytest.raises(EngineError, match="unknown backbone"):
         create_backbone("nope", "cpu")
+
+
+def _photos():
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent / "assets" / "gallery"
+    return sorted(root.rglob("*.jpg"))[:12]
+
+
+def test_visual_channel_leaves_text_rankings_alone_and_adds_the_look(packaged):
+    """image = [sqrt(1 - w^2) bridge ; w visual]: text scores are the bridge's times a constant (same
+    ranking), image-to-image scores are c^2 bridge.bridge + w^2 visual.visual."""
+    from engine.backbones.packaged import PackagedBackbone
+
+    bridge_only = PackagedBackbone("lite0", visual=0.0)
+    assert bridge_only.visual is None and bridge_only.embed_dim == 384
+    assert bridge_only.fingerprint != packaged.fingerprint and "visual-" in packaged.fingerprint
+    x = torch.stack([packaged.preprocess(Image.open(p).convert("RGB")) for p in _photos()])
+    new, old = packaged.encode_images(x), bridge_only.encode_images(x)
+    w = packaged.visual.weight
+    c = (1 - w * w) ** 0.5
+    assert torch.allclose(new[:, :384], c * old, atol=1e-5)
+    texts = ["a dog", "a red car at night", "a flower"]
+    t_new, t_old = packaged.encode_texts(texts).embeddings, bridge_only.encode_texts(texts).embeddings
+    assert torch.allclose(t_new @ new.T, c * (t_old @ old.T), atol=1e-5)
+    vis = new[:, 384:] / w
+    assert torch.allclose(vis.norm(dim=-1), torch.ones(len(x)), atol=1e-4)
+    assert torch.allclose(new @ new.T, c * c * (old @ old.T) + w * w * (vis @ vis.T), atol=1e-4)
+
+
+def test_visual_projection_refit_is_reproducible_and_a_damaged_file_is_refused(tmp_path):
+    import numpy as np
+
+    from engine.backbones.visual import fit_projection, load_channel, projection_path
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(400, 16)) @ np.diag(np.geomspace(8, 0.1, 16))
+    m1, c1 = fit_projection(x, 4)
+    m2, c2 = fit_projection(x[::-1].copy(), 4)  # same bank, other order: same projection, signs included
+    assert np.allclose(m1, m2, atol=1e-6) and np.allclose(c1, c2, atol=1e-5)
+    assert np.allclose(c1.T @ c1, np.eye(4), atol=1e-5)  # orthonormal directions
+    # the leading direction is the one of largest variance (axis 0 here)
+    assert abs(c1[0, 0]) > 0.95 and abs(c1[1, 1]) > 0.9
+    np.savez(projection_path("lite9", tmp_path), mean=m1, components=c1)
+    ch = load_channel("lite9", 0.5, tmp_path)
+    assert ch.dim == 4 and ch.weight == 0.5
+    assert load_channel("lite9", 0.0, tmp_path) is None and load_channel("lite8", 0.5, tmp_path) is None
+    np.savez(projection_path("lite7", tmp_path), mean=m1, components=c1[:5])
+    with pytest.raises(ValueError, match="not a visual projection"):
+        load_channel("lite7", 0.5, tmp_path)

@@ -74,8 +74,8 @@ def test_bridge_formula_and_version(packaged):
     from engine.backbones.packaged import PackagedBackbone
 
     w = ConceptWeights(classes=1.0, object_colour=0.7, scene_colour=0.3, light=0.5, sigma=8.0)
-    b = PackagedBackbone("lite0", concepts=w)
-    off = PackagedBackbone("lite0", concepts=ConceptWeights())
+    b = PackagedBackbone("lite0", concepts=w, visual=0.0)  # the bridge alone (the visual channel: test_backbones)
+    off = PackagedBackbone("lite0", concepts=ConceptWeights(), visual=0.0)
     assert b.fingerprint != off.fingerprint and b.fingerprint.startswith(off.fingerprint + "+concepts-")
     img = Image.new("RGB", (96, 96), (250, 250, 250))
     ImageDraw.Draw(img).rectangle((30, 20, 66, 76), fill=(200, 30, 35))

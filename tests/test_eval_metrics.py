@@ -249,3 +249,23 @@ def test_average_precision_exclusion_and_empty_queries_by_hand():
     dv = np.array([[1.0, 0.0], [0.5, 0.5], [0.2, 0.0]])
     # query 0 ranks db 0 (rel), 1, 2 (rel): AP@3 = (1 + 2/3) / 2; query 1 has no relevant item
     assert map_at_n(ql, dl, 3, query_vectors=qv, db_vectors=dv) == pytest.approx((1 + 2 / 3) / 2)
+
+
+def test_hubness_counts_top_k_occurrences_and_their_skew():
+    import numpy as np
+
+    from engine.eval.hubness import hubness, k_occurrence, skewness
+
+    # 4 queries, 5 items: item 0 is in every top 2 (a hub) unless it is the query's own reference
+    scores = np.array([[0.9, 0.8, 0.1, 0.0, 0.0],
+                       [0.9, 0.0, 0.8, 0.1, 0.0],
+                       [0.9, 0.0, 0.1, 0.8, 0.0],
+                       [0.9, 0.1, 0.0, 0.0, 0.8]])
+    assert k_occurrence(scores, 2).tolist() == [4, 1, 1, 1, 1]
+    assert k_occurrence(scores, 2, exclude=[0, -1, -1, -1]).tolist() == [3, 1, 2, 1, 1]  # query 0 takes 1 and 2
+    c = np.array([4, 1, 1, 1, 1], float)
+    expect = ((c - c.mean()) ** 3).mean() / c.std() ** 3
+    assert abs(skewness(c) - expect) < 1e-12 and expect > 1  # a long right tail
+    h = hubness(scores, k=2)
+    assert h["max_share"] == 1.0 and abs(h["skew"] - round(expect, 3)) < 1e-9
+    assert skewness(np.ones(5)) == 0.0  # every item found equally often: no hubs

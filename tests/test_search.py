@@ -132,3 +132,36 @@ def _query(eng, item_id, text):
 
     _, emb, tokens, _ = eng.reference_features(item_id)
     return Query(text=text, alpha=0.5, image_embedding=emb, image_tokens=tokens, has_image=True)
+
+
+def test_leaving_the_reference_out_keeps_a_mirror_image_that_embeds_like_it(packaged, small_gallery, tmp_path,
+                                                                          monkeypatch):
+    """The reference rule drops the reference itself (same id, same bytes, or a re-encoded copy whose feature
+    map agrees cell by cell), never a different picture that merely embeds close to it (a mirror image)."""
+    import io
+
+    from PIL import Image, ImageOps
+
+    from engine.index.build import index_source
+    from engine.search import SAME_IMAGE_COSINE, open_engine
+
+    original = sorted(small_gallery.iterdir())[0]
+    with Image.open(original) as im:
+        rgb = im.convert("RGB")
+    ImageOps.mirror(rgb).save(small_gallery / "zz-mirror.png")
+    index_source(small_gallery, tmp_path / "idx", packaged, workers=0)
+    engine = open_engine(tmp_path / "idx", backbone=packaged)
+    names = [it["path"] for it in engine.index.items]
+    orig_id = next(i for i, n in enumerate(names) if n.endswith(original.name))
+    mirror_id = next(i for i, n in enumerate(names) if n.endswith("zz-mirror.png"))
+    e = engine.index.embeddings.astype(np.float32)
+    cos = float(e[orig_id] @ e[mirror_id] / np.linalg.norm(e[orig_id]) / np.linalg.norm(e[mirror_id]))
+    assert cos > 0.98  # the backbone barely sees a mirror: the old rule (embedding alone) was at risk
+    assert SAME_IMAGE_COSINE > 0.999
+    # a mirror image as close as a re-encoded copy: only the feature map, cell by cell, tells them apart
+    monkeypatch.setattr("engine.search.SAME_IMAGE_COSINE", cos - 1e-3)
+    buf = io.BytesIO()
+    rgb.save(buf, "PNG")  # the same picture in other bytes (an upload of the gallery file re-encoded)
+    resp = search(engine, image=buf.getvalue(), method="image", k=len(names), exclude_reference=True)
+    ids = [r.id for r in resp.results]
+    assert orig_id not in ids and mirror_id in ids and ids[0] == mirror_id

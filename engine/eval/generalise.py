@@ -233,7 +233,8 @@ def evaluate(backbone, settings: Settings, side: str, composers: Optional[dict] 
     gallery, gemb, pos, ref_emb, ref_paths = suite_tensors(backbone, suite)
     if composers is None:
         composers, _ = cir_composers(backbone, settings)
-    qv = compose_queries(backbone, composers, suite.queries, ref_emb, ref_paths=ref_paths)
+    trusts: dict = {}
+    qv = compose_queries(backbone, composers, suite.queries, ref_emb, ref_paths=ref_paths, trusts=trusts)
     kinds = np.array([q["kind"] for q in suite.queries])
     results = {}
     for name, vecs in qv.items():
@@ -248,7 +249,28 @@ def evaluate(backbone, settings: Settings, side: str, composers: Optional[dict] 
                                d.floor_for(ex_name))
                 results[(name, ex_name)] = summarise(r, kinds)
     return {"side": side, "suite": suite.summary(), "results": results, "suite_obj": suite,
-            "tensors": (gallery, gemb, pos), "vectors": qv, "kinds": kinds}
+            "tensors": (gallery, gemb, pos), "vectors": qv, "kinds": kinds, "trust": trusts,
+            "hubness": suite_hubness(qv, suite, gemb, pos)}
+
+
+USED = 0.25  # a learned correction counts as used on a query when its share tau is at least this
+
+
+def suite_hubness(qv: dict, suite: Suite, gemb: np.ndarray, pos: dict, k: int = 10) -> dict:
+    """{method: {gallery: hubness of its top k}} (engine.eval.hubness), the reference left out."""
+    from .hubness import hubness
+
+    out: dict = {}
+    for g, members in suite.galleries.items():
+        sel = [i for i, q in enumerate(suite.queries) if q["gallery"] == g]
+        if not sel:
+            continue
+        cols = [pos[m] for m in members]
+        col_of = {c: j for j, c in enumerate(cols)}
+        refs = [col_of.get(pos.get(suite.queries[i]["reference"], -1), -1) for i in sel]
+        for name, vecs in qv.items():
+            out.setdefault(name, {})[g] = hubness(vecs[sel] @ gemb[cols].T, k, refs)
+    return out
 
 
 def _expanders(backbone, settings: Settings) -> dict:
@@ -339,6 +361,7 @@ def markdown(ev: dict, backbone) -> str:
             continue
         cells = [f"{_cell(r[k], 1)} | {_cell(r[k], 10)}" if k in r else "– | –" for k in KINDS]
         lines.append(f"| {name} | {r['overall']:.1f} | " + " | ".join(cells) + " |")
+    lines += _use_and_hub_lines(ev)
     exps = sorted({ex for (_, ex) in res if ex != "none"})
     if exps:
         lines += ["", "R@10 over all queries with each expander at the page defaults (change against no expansion):", "",
@@ -351,10 +374,31 @@ def markdown(ev: dict, backbone) -> str:
     return "\n".join(lines)
 
 
+def _use_and_hub_lines(ev: dict) -> List[str]:
+    """How often each learned correction is used, and each method's hubness, as Markdown lines."""
+    lines = []
+    if ev.get("trust"):
+        lines += ["", f"Learned correction used (share tau >= {USED:g}) on: " + "; ".join(
+            f"{n} {100 * float((t >= USED).mean()):.1f} % of the queries (mean tau {float(t.mean()):.2f})"
+            for n, t in sorted(ev["trust"].items())) + "."]
+    hub = ev.get("hubness") or {}
+    if hub:
+        gals = sorted({g for v in hub.values() for g in v})
+        lines += ["", "Hubness of each method's top 10 (skewness of the 10-occurrence over the gallery; in brackets the "
+                  "largest share of the queries that one item answers):", "",
+                  "| method | " + " | ".join(gals) + " |", "|---|" + "---|" * len(gals)]
+        for name in sorted(hub):
+            cells = [f"{hub[name][g]['skew']:.2f} ({100 * hub[name][g]['max_share']:.0f} %)" if g in hub[name] else "–"
+                     for g in gals]
+            lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def offline_section(args, ctx):
     """The ``generalise`` section of ``eval offline`` (the test side, read with the shipped defaults)."""
     ev = evaluate(ctx["backbone"], ctx["settings"], "test")
-    return markdown(ev, ctx["backbone"]), _jsonable(ev["results"])
+    return markdown(ev, ctx["backbone"]), {**_jsonable(ev["results"]), "hubness": ev["hubness"],
+                                           "learned_use": {n: float((t >= USED).mean()) for n, t in ev["trust"].items()}}
 
 
 def _jsonable(results: dict) -> dict:
@@ -395,6 +439,8 @@ def main(argv=None) -> int:
         print(markdown(ev, backbone))
     if args.json:
         Path(args.json).write_text(json.dumps({"side": args.side, "suite": ev["suite"],
-                                               "results": _jsonable(ev["results"])}, indent=1, default=str))
+                                               "results": _jsonable(ev["results"]), "hubness": ev["hubness"],
+                                               "trust": {n: t.tolist() for n, t in ev["trust"].items()}},
+                                              indent=1, default=str))
     print(f"[generalise] {(time.time() - t0) / 60:.1f} min")
     return 0

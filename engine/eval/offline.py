@@ -73,11 +73,13 @@ def cir_composers(backbone, settings: Settings):
 
 
 def compose_queries(backbone, composers: dict, queries, ref_emb: torch.Tensor,
-                    timings: Optional[dict] = None, ref_paths: Optional[List[Path]] = None) -> Dict[str, np.ndarray]:
+                    timings: Optional[dict] = None, ref_paths: Optional[List[Path]] = None,
+                    trusts: Optional[dict] = None) -> Dict[str, np.ndarray]:
     """{composer name: query vectors (Q, D)} for the CIR ``queries`` (alpha 0.5), the reference embeddings
     ``ref_emb`` (Q, D) given; visual tokens are computed only when a composer needs them (Context-I2W), from
     ``ref_paths`` (default: the queries' references in the offline CIR set).
-    ``timings``: filled with each composer's ms per query (the token extraction not counted)."""
+    ``timings``: filled with each composer's ms per query (the token extraction not counted); ``trusts``: filled
+    with each anchored composer's share of the learned correction per query (its explanation's ``trust``)."""
     from ..compose import Query
     from ..data.formats import image_path
 
@@ -92,9 +94,11 @@ def compose_queries(backbone, composers: dict, queries, ref_emb: torch.Tensor,
     with torch.no_grad():
         for name, comp in composers.items():
             t = time.perf_counter()
-            out[name] = np.stack([comp.compose(Query(text=q["text"], image_embedding=ref_emb[i], has_image=True,
-                                                     alpha=0.5, image_tokens=None if tokens is None else tokens[i])
-                                               ).vector for i, q in enumerate(queries)])
+            done = [comp.compose(Query(text=q["text"], image_embedding=ref_emb[i], has_image=True, alpha=0.5,
+                                       image_tokens=None if tokens is None else tokens[i])) for i, q in enumerate(queries)]
+            out[name] = np.stack([c.vector for c in done])
+            if trusts is not None and done and "trust" in done[0].explanation:
+                trusts[name] = np.array([float(c.explanation.get("trust", 0.0)) for c in done])
             if timings is not None:
                 timings[name] = (time.perf_counter() - t) / len(queries) * 1e3
     return out
