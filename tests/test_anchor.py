@@ -147,3 +147,81 @@ def test_the_page_says_how_much_of_the_learned_correction_a_query_used():
     assert "0%" in line and "this is the weighted sum" in line and "0.41" in line
     assert "50%" in anchor_lines({"trust": 0.5, "text_familiarity": 1.0, "image_familiarity": 0.9})[0]
     assert "Weighted sum used" in anchor_lines({"prior_only": "no image", "trust": 0.0})[0]
+
+
+def test_operation_vocabulary_masks_content_words_and_keeps_the_operation():
+    from engine.compose.anchor import MASK, mask_content, operation_vocabulary
+
+    texts = ["make it red", "make it cyan", "make it blue", "a photo of a cat", "a photo of a tree", "at night",
+             "the same scene at night"]
+    vocab = operation_vocabulary(texts)
+    assert {"make", "it", "photo", "of", "a", "at", "night"} <= set(vocab)
+    assert not {"red", "cyan", "cat", "tree", "scene"} & set(vocab)   # named once: content words
+    v = frozenset(vocab)
+    assert mask_content("Make it TEAL!", v) == f"make it {MASK}"       # a known operation, a new word
+    assert mask_content("a photo of a snow leopard", v) == f"a photo of a {MASK}"  # a run of new words: one mask
+    assert mask_content("completely different words", v) == MASK
+
+
+def test_operation_familiarity_trusts_a_known_operation_with_a_new_word(tmp_path, tiny):
+    """With op on, "make it teal" (never trained) is as familiar as "make it cyan" (trained), while a new
+    operation stays unfamiliar; the vocabulary and the operation bank travel in the checkpoint."""
+    from engine.compose.anchor import mask_content, operation_text, operation_vocabulary
+    from engine.train.anchor_fit import build_banks
+
+    texts = ["make it red", "make it cyan", "make it blue", "a photo of a cat", "a photo of a dog"]
+    img = tmp_path / "a.png"
+    from PIL import Image
+
+    Image.new("RGB", (32, 32), (200, 30, 30)).save(img)
+    anchor = build_banks(tiny, texts, [str(img)], k=1)
+    assert anchor.vocab == frozenset(operation_vocabulary(texts)) and anchor.op_bank.shape[0] == 2
+    anchor.config = AnchorConfig(weight=1.0, text_lo=0.98, text_hi=0.99, op=1.0)
+    enc = lambda ts: tiny.encode_texts(ts).embeddings.float()  # noqa: E731
+    queries = ["make it teal", "make it cyan", "turn the sky stormy"]
+    ops = operation_text(anchor, tiny, queries)
+    assert torch.allclose(ops, enc([mask_content(q, anchor.vocab) for q in queries]))
+    image = F.normalize(torch.randn(3, tiny.embed_dim), dim=-1)
+    tau = anchor.trust(image, enc(queries), ops)
+    assert tau[0] == pytest.approx(1.0) and tau[1] == pytest.approx(1.0) and tau[2] < 1.0
+    # with op off the raw text decides: "make it teal" is not a bank text
+    anchor.config = AnchorConfig(weight=1.0, text_lo=0.999, text_hi=0.9999, op=0.0)
+    assert anchor.trust(image, enc(queries), ops)[0] < 1.0
+    # the vocabulary and the operation bank are stored with the composer
+    anchor.config = AnchorConfig(weight=1.0, text_lo=0.98, text_hi=0.99, op=1.0)
+    model = RTIC(RTICConfig(dim=tiny.embed_dim, n_blocks=1)).eval()
+    path = save_rtic(tmp_path / "rtic-op.safetensors", model, tiny.fingerprint, tiny.name, anchor=anchor)
+    _, record = load_rtic(path, tiny.fingerprint)
+    back = load_anchor(path, record)
+    assert back.uses_operations and back.vocab == anchor.vocab and torch.allclose(back.op_bank, anchor.op_bank)
+    comp = RTICComposer(tiny, model, record, anchor=back)
+    out = comp.compose(Query(text="make it teal", image_embedding=image[0], has_image=True))
+    assert out.explanation["trust"] == pytest.approx(1.0) and "operation" in out.explanation["familiarity_of"]
+
+
+def test_fit_turns_operation_familiarity_on_when_new_words_of_known_operations_help():
+    """The suite has new words of a known operation (kind a: the learned vectors hit the targets) and a new
+    operation (kind b: the learned vectors miss, the prior hits). Raw texts are unlike the bank for both, so only
+    the operation familiarity tells them apart: the fit must turn it on and keep both kinds."""
+    torch.manual_seed(0)
+    d = 16
+    bank = F.normalize(torch.randn(4, d), dim=-1)
+    op_bank = F.normalize(torch.randn(1, d), dim=-1)
+    img = F.normalize(torch.randn(60, d), dim=-1)
+    txt = F.normalize(torch.randn(60, d), dim=-1)                  # unlike the bank
+    p = prior(img, txt, 0.5)
+    wrong = F.normalize(torch.randn(60, d), dim=-1)
+    gallery = torch.cat([p, wrong, F.normalize(torch.randn(60, d), dim=-1)])
+    learned = torch.cat([gallery[120:150], wrong[30:]])            # a: its own targets; b: decoys
+    targets = [[120 + i] for i in range(30)] + [[30 + i] for i in range(30)]
+    suite = _set("suite val", img, txt, learned, gallery, targets, ["a"] * 30 + ["b"] * 30)
+    new_op = F.normalize(torch.randn(1, d) - 3 * op_bank, dim=-1)
+    suite.op_text = torch.cat([op_bank.expand(30, d), new_op.expand(30, d)])
+    dom = _set("cir val", img[:30], bank[torch.arange(30) % 4], gallery[120:150], gallery,
+               [[120 + i] for i in range(30)], ["x"] * 30)
+    dom.op_text = op_bank.expand(30, d).clone()
+    anchor = Anchor(AnchorConfig(weight=0.0), text_bank=bank, op_bank=op_bank, vocab=["make", "it"])
+    cfg, report = fit(anchor, suite, dom)
+    assert report["prior"]["suite_val_kinds"]["a"] < 50 and report["prior"]["suite_val_kinds"]["b"] == 100.0
+    assert cfg.op == 1.0 and cfg.weight >= 0.5
+    assert report["chosen"]["suite_val_kinds"] == {"a": 100.0, "b": 100.0}

@@ -12,6 +12,13 @@ learned vector alone; it uses a correction of the prior, shrunk by how familiar 
     tau = weight * ramp(f_t; text_lo, text_hi) * ramp(f_v; image_lo, image_hi)
     q  = normalise((1 - tau) * p + tau * l)
 
+**Operation familiarity.** A composer trained on "make it cyan" knows the operation "make it <colour>" whatever
+the colour is called, so a text can also be judged by its *operation*: its content words (the words that are
+not shared by several training texts, e.g. colour and object names) replaced by ``something`` before encoding
+("make it teal" -> "make it something"), against a bank of the training texts masked the same way. When the
+fit turns it on (``op = 1``), ``f_t`` is that familiarity, so a known operation with a new word is trusted
+while a new operation is not. The words kept are stored with the anchor (the record's ``anchor_vocab``).
+
 ``ramp(f; lo, hi)`` rises linearly from 0 at ``lo`` to 1 at ``hi`` (a ramp with ``hi <= lo`` is a step at
 ``hi``; ``lo = hi = -1`` switches that factor off). On a query like the training data ``tau`` is ``weight``;
 on an unfamiliar one it falls to 0 and the composer returns the prior. The banks are stored in the
@@ -21,14 +28,39 @@ composer's checkpoint (tensors ``anchor.text_bank``, ``anchor.image_bank``) and 
 """
 from __future__ import annotations
 
+import re
+from collections import Counter
 from dataclasses import asdict, dataclass, fields
-from typing import Dict, Optional
+from typing import Dict, Iterable, List, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
 
 PREFIX = "anchor."
 STEP_TOLERANCE = 1e-4
+MASK = "something"
+_WORD = re.compile(r"[a-z]+(?:[-'][a-z]+)*")
+
+
+def words_of(text: str) -> List[str]:
+    return _WORD.findall(text.lower())
+
+
+def operation_vocabulary(texts: Iterable[str], min_texts: int = 2) -> List[str]:
+    """The words of at least ``min_texts`` distinct training texts (the operations' own words: "make", "it",
+    "photo", "night"...); the others (a colour or an object named once) are content words."""
+    counts = Counter(w for t in set(texts) for w in set(words_of(t)))
+    return sorted(w for w, n in counts.items() if n >= min_texts)
+
+
+def mask_content(text: str, vocab) -> str:
+    """``text`` with every word outside ``vocab`` replaced by :data:`MASK` (runs of them by one)."""
+    out: List[str] = []
+    for w in words_of(text):
+        tok = w if w in vocab else MASK
+        if not (tok == MASK and out and out[-1] == MASK):
+            out.append(tok)
+    return " ".join(out) or MASK
 
 
 @dataclass
@@ -39,6 +71,7 @@ class AnchorConfig:
     image_lo: float = -1.0
     image_hi: float = -1.0
     alpha: float = 0.5          # the prior's text weight
+    op: float = 0.0             # 1: text familiarity is operation familiarity (content words masked)
 
     @classmethod
     def from_dict(cls, data: dict) -> "AnchorConfig":
@@ -46,7 +79,8 @@ class AnchorConfig:
         return cls(**{k: float(v) for k, v in (data or {}).items() if k in known})
 
     def to_dict(self) -> dict:
-        return {k: round(float(v), 6) for k, v in asdict(self).items()}
+        """The record's ``anchor``; ``op`` only when on (records written before it existed stay the same)."""
+        return {k: round(float(v), 6) for k, v in asdict(self).items() if k != "op" or v}
 
 
 def ramp(f: torch.Tensor, lo: float, hi: float) -> torch.Tensor:
@@ -74,18 +108,32 @@ class Anchor:
     """The banks and ramps of one composer (see the module text)."""
 
     def __init__(self, config: Optional[AnchorConfig] = None, text_bank: Optional[torch.Tensor] = None,
-                 image_bank: Optional[torch.Tensor] = None):
+                 image_bank: Optional[torch.Tensor] = None, op_bank: Optional[torch.Tensor] = None,
+                 vocab: Sequence[str] = ()):
         self.config = config or AnchorConfig()
         self.text_bank = None if text_bank is None else F.normalize(text_bank.float(), dim=-1)
         self.image_bank = None if image_bank is None else F.normalize(image_bank.float(), dim=-1)
+        self.op_bank = None if op_bank is None else F.normalize(op_bank.float(), dim=-1)
+        self.vocab = frozenset(vocab)
 
-    def familiarities(self, image: torch.Tensor, text: torch.Tensor):
+    @property
+    def uses_operations(self) -> bool:
+        return bool(self.config.op) and self.op_bank is not None and bool(self.vocab)
+
+    def mask(self, text: str) -> str:
+        return mask_content(text, self.vocab)
+
+    def familiarities(self, image: torch.Tensor, text: torch.Tensor, op_text: Optional[torch.Tensor] = None):
+        """(text familiarity, image familiarity); the text's is its operation's when the anchor uses them
+        (``op_text``: the embeddings of the masked texts, :func:`operation_text`)."""
+        if self.uses_operations and op_text is not None:
+            return familiarity(op_text, self.op_bank), familiarity(image, self.image_bank)
         return familiarity(text, self.text_bank), familiarity(image, self.image_bank)
 
-    def trust(self, image: torch.Tensor, text: torch.Tensor) -> torch.Tensor:
+    def trust(self, image: torch.Tensor, text: torch.Tensor, op_text: Optional[torch.Tensor] = None) -> torch.Tensor:
         """(B,) the share tau of the learned correction for each query."""
         c = self.config
-        ft, fv = self.familiarities(image, text)
+        ft, fv = self.familiarities(image, text, op_text)
         return c.weight * ramp(ft, c.text_lo, c.text_hi) * ramp(fv, c.image_lo, c.image_hi)
 
     def blend(self, image: torch.Tensor, text: torch.Tensor, learned: torch.Tensor,
@@ -95,15 +143,22 @@ class Anchor:
         p = prior(image, text, self.config.alpha)
         return F.normalize((1 - tau)[:, None] * p + tau[:, None] * F.normalize(learned.float(), dim=-1), dim=-1)
 
-    def explain_blend(self, image: torch.Tensor, text: torch.Tensor, learned: torch.Tensor):
+    def explain_blend(self, image: torch.Tensor, text: torch.Tensor, learned: torch.Tensor,
+                      op_text: Optional[torch.Tensor] = None):
         """(blended (B, D), explanation of the first query: familiarities, trust, formula)."""
-        ft, fv = self.familiarities(image, text)
+        ft, fv = self.familiarities(image, text, op_text)
         c = self.config
         tau = c.weight * ramp(ft, c.text_lo, c.text_hi) * ramp(fv, c.image_lo, c.image_hi)
         expl = {"anchor": "q = normalise((1 - tau) * weighted sum + tau * learned)",
                 "trust": round(float(tau[0]), 4), "text_familiarity": round(float(ft[0]), 4),
                 "image_familiarity": round(float(fv[0]), 4)}
+        if self.uses_operations and op_text is not None:
+            expl["familiarity_of"] = "the operation (content words masked)"
         return self.blend(image, text, learned, tau), expl
+
+    def record_extra(self) -> dict:
+        """What the composer's record stores beside ``anchor`` (the config)."""
+        return {"anchor_vocab": sorted(self.vocab)} if self.vocab else {}
 
     # -- storage inside the composer's checkpoint ---------------------------------------------------------
 
@@ -113,7 +168,16 @@ class Anchor:
             out[PREFIX + "text_bank"] = self.text_bank.contiguous()
         if self.image_bank is not None:
             out[PREFIX + "image_bank"] = self.image_bank.contiguous()
+        if self.op_bank is not None:
+            out[PREFIX + "op_bank"] = self.op_bank.contiguous()
         return out
+
+
+def operation_text(anchor: Optional[Anchor], backbone, texts: Sequence[str]) -> Optional[torch.Tensor]:
+    """(B, D) embeddings of ``texts`` with their content words masked, when ``anchor`` judges operations."""
+    if anchor is None or not anchor.uses_operations:
+        return None
+    return backbone.encode_texts([anchor.mask(t) for t in texts]).embeddings.detach().float().cpu()
 
 
 
@@ -138,7 +202,11 @@ def load_anchor(path, record: dict) -> Optional[Anchor]:
             keys = set(f.keys())
             text = f.get_tensor(PREFIX + "text_bank") if PREFIX + "text_bank" in keys else None
             image = f.get_tensor(PREFIX + "image_bank") if PREFIX + "image_bank" in keys else None
-        return Anchor(AnchorConfig.from_dict(record["anchor"]), text, image)
+            ops = f.get_tensor(PREFIX + "op_bank") if PREFIX + "op_bank" in keys else None
+        vocab = record.get("anchor_vocab") or ()
+        if not (isinstance(vocab, (list, tuple)) and all(isinstance(w, str) for w in vocab)):
+            raise ValueError("anchor_vocab is not a list of words")
+        return Anchor(AnchorConfig.from_dict(record["anchor"]), text, image, ops, vocab)
     except Exception as exc:
         raise CheckpointError(f"{Path(path).name}: its prior anchor cannot be read ({exc.__class__.__name__})") from None
 

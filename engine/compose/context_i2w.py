@@ -46,7 +46,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..errors import CheckpointError, InputError
-from .anchor import Anchor, load_anchor, split_state
+from .anchor import Anchor, load_anchor, operation_text, split_state
 from .base import COMPOSERS, Composer, ComposerUnavailable, Composition, Query, normalise
 from ..checkpoints import figures_of, find, load, make_record, write
 
@@ -269,7 +269,7 @@ def build_prompt(config: ContextI2WConfig, text: Optional[str]) -> str:
 
 # keys of a mapper's record made from the mapper, the backbone and the anchor, never taken from the figures
 # given to save_context_i2w (so a loaded record can be passed back, as engine.train.anchor_fit does)
-_OWN_KEYS = ("placeholder", "placeholder_id", "parameters", "stored_dtype", "anchor")
+_OWN_KEYS = ("placeholder", "placeholder_id", "parameters", "stored_dtype", "anchor", "anchor_vocab")
 
 
 def _recipe_and_validation(training) -> Tuple[dict, Optional[dict]]:
@@ -305,6 +305,7 @@ def save_context_i2w(path: os.PathLike, mapper: ContextI2WMapper, backbone, figu
     state = {k: v.detach().to(dtype) for k, v in mapper.state_dict().items()}
     if anchor is not None:
         own["anchor"] = anchor.config.to_dict()
+        own.update(anchor.record_extra())
         state.update(anchor.tensors())
     record = make_record("context-i2w", backbone.fingerprint, asdict(mapper.config), recipe, validation,
                          backbone.name, **own, **figures)
@@ -529,7 +530,8 @@ class ContextI2WComposer(Composer):
             raw = self.backbone.encode_texts([query.text]).embeddings[0].float().cpu()
             query.text_embedding = raw
             image = query.image_embedding.detach().float().cpu().reshape(1, -1)
-            blended, anchored = self.anchor.explain_blend(image, raw.reshape(1, -1), vec.float().cpu().reshape(1, -1))
+            blended, anchored = self.anchor.explain_blend(image, raw.reshape(1, -1), vec.float().cpu().reshape(1, -1),
+                                                          operation_text(self.anchor, self.backbone, [query.text]))
             vec = blended[0]
         explanation = {
             "formula": "q = f_txt(prompt with S* = mapper(image tokens | context))",

@@ -36,7 +36,7 @@ import torch.nn.functional as F
 
 from ..checkpoints import figures_of, find, load, make_record, write
 from ..errors import CheckpointError
-from .anchor import Anchor, load_anchor, split_state
+from .anchor import Anchor, load_anchor, operation_text, split_state
 from .base import COMPOSERS, Composer, ComposerUnavailable, Composition, Query, normalise
 
 LEGACY_NEGATIVE_SLOPE = 0.2  # the slope of checkpoints whose config does not record one
@@ -189,11 +189,12 @@ def save_rtic(path: os.PathLike, model: RTIC, fingerprint: str, backbone_name: s
         raise ValueError(f"unknown RTIC variant {variant!r}; use one of {VARIANTS}")
     recipe = extra.get("recipe") or extra.get("train_config")
     validation = extra.get("validation")
-    figures = figures_of(extra, "anchor", "train_config")  # the record's own keys are made again here
+    figures = figures_of(extra, "anchor", "anchor_vocab", "train_config")  # the record's own keys are made again
     record = make_record(variant, fingerprint, asdict(model.config), recipe, validation, backbone_name, **figures)
     state = dict(model.state_dict())
     if anchor is not None:
         record["anchor"] = anchor.config.to_dict()
+        record.update(anchor.record_extra())
         state.update(anchor.tensors())
     return write(path, state, record)
 
@@ -256,7 +257,8 @@ class RTICComposer(Composer):
         out, s = self.model.compose(image, text)
         anchored = {}
         if self.anchor is not None:
-            out, anchored = self.anchor.explain_blend(image, text, out)
+            out, anchored = self.anchor.explain_blend(image, text, out,
+                                                      operation_text(self.anchor, self.backbone, [query.text]))
         vec = normalise(out[0])
         delta = torch.from_numpy(vec) - F.normalize(image[0], dim=0)
         order = delta.abs().argsort(descending=True)[: self.top_channels]

@@ -28,7 +28,16 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..compose.anchor import Anchor, AnchorConfig, kmeans_prototypes, prior, ramp
+from ..compose.anchor import (
+    Anchor,
+    AnchorConfig,
+    familiarity,
+    kmeans_prototypes,
+    mask_content,
+    operation_vocabulary,
+    prior,
+    ramp,
+)
 
 TOLERANCE = 1.0
 WEIGHTS = (0.25, 0.5, 0.75, 1.0)
@@ -48,6 +57,8 @@ class FitSet:
     candidate: torch.Tensor     # (B, N) bool: the query's own gallery, reference left out
     target: torch.Tensor        # (B, N) bool
     kinds: np.ndarray           # (B,) query kind
+    texts: Sequence[str] = ()   # the queries' texts
+    op_text: Optional[torch.Tensor] = None  # (B, D) the texts with their content words masked (with_operations)
 
     def ranks(self, q: torch.Tensor) -> np.ndarray:
         return self.ranks_of_scores(q @ self.gallery.T)
@@ -97,7 +108,7 @@ def suite_set(backbone, composer) -> FitSet:
         tgt[i, [pos[t] for t in q["targets"]]] = True
     return FitSet("suite val", ref_emb.float(), _text_embeddings(backbone, [q["text"] for q in suite.queries]),
                   torch.from_numpy(learned).float(), torch.from_numpy(gemb).float(), cand, tgt & cand,
-                  np.array([q["kind"] for q in suite.queries]))
+                  np.array([q["kind"] for q in suite.queries]), [q["text"] for q in suite.queries])
 
 
 def in_domain_set(backbone, composer, split: str = "val") -> FitSet:
@@ -120,7 +131,7 @@ def in_domain_set(backbone, composer, split: str = "val") -> FitSet:
         tgt[i, [pos[t] for t in q["targets"]]] = True
     return FitSet(f"cir {split}", ref_emb.float(), _text_embeddings(backbone, [q["text"] for q in queries]),
                   torch.from_numpy(learned).float(), torch.from_numpy(gemb).float(), cand, tgt & cand,
-                  np.array([q["kind"] for q in queries]))
+                  np.array([q["kind"] for q in queries]), [q["text"] for q in queries])
 
 
 # -- banks ------------------------------------------------------------------------------------------------
@@ -146,11 +157,22 @@ def bank_inputs(part: str) -> tuple:
 
 
 def build_banks(backbone, texts: Sequence[str], images: Sequence[str], k: int = 64) -> Anchor:
+    """The text bank, the image prototypes and the operation bank (the texts with their content words masked,
+    each masked text once) with its vocabulary (engine.compose.anchor)."""
     from ..data.features import embed_paths
 
     text_bank = _text_embeddings(backbone, texts)
     image_emb = torch.from_numpy(embed_paths(backbone, list(images), desc="anchor image bank"))
-    return Anchor(AnchorConfig(weight=0.0), text_bank, kmeans_prototypes(image_emb, k))
+    vocab = operation_vocabulary(texts)
+    ops = sorted({mask_content(t, frozenset(vocab)) for t in texts})
+    return Anchor(AnchorConfig(weight=0.0), text_bank, kmeans_prototypes(image_emb, k), _text_embeddings(backbone, ops),
+                  vocab)
+
+
+def with_operations(backbone, anchor: Anchor, *sets: FitSet) -> None:
+    """Fills each set's ``op_text`` (its texts masked with ``anchor``'s vocabulary), for the fit to try."""
+    for s in sets:
+        s.op_text = _text_embeddings(backbone, [anchor.mask(t) for t in s.texts])
 
 
 # -- the fit ----------------------------------------------------------------------------------------------
@@ -167,21 +189,23 @@ def _ramps(values: np.ndarray) -> List[tuple]:
 def fit(anchor: Anchor, suite: FitSet, domain: FitSet, tolerance: float = TOLERANCE) -> tuple:
     """(AnchorConfig, report) by the rule of the module text."""
     feats = {}
+    ops = (0.0, 1.0) if anchor.op_bank is not None and all(s.op_text is not None for s in (suite, domain)) else (0.0,)
     for s in (suite, domain):
         ft, fv = anchor.familiarities(s.image, s.text)
+        fo = familiarity(s.op_text, anchor.op_bank) if len(ops) > 1 else ft
         p, l = prior(s.image, s.text, anchor.config.alpha), F.normalize(s.learned, dim=-1)
         # the blend's scores are (1 - tau) p.g + tau l.g over its norm, a positive per-query scale that leaves
         # the ranking alone: both score matrices are computed once and every setting only mixes them
-        feats[s.name] = (ft, fv, p @ s.gallery.T, l @ s.gallery.T)
+        feats[s.name] = ({0.0: ft, 1.0: fo}, fv, p @ s.gallery.T, l @ s.gallery.T)
     prior_suite = kind_scores(suite.ranks_of_scores(feats[suite.name][2]), suite.kinds)
     prior_domain = r10(domain.ranks_of_scores(feats[domain.name][2]))
-    ft_in, fv_in = feats[domain.name][0].numpy(), feats[domain.name][1].numpy()
+    fv_in = feats[domain.name][1].numpy()
 
     def score(cfg: AnchorConfig):
         out = {}
         for s in (suite, domain):
             ft, fv, sp, sl = feats[s.name]
-            tau = cfg.weight * ramp(ft, cfg.text_lo, cfg.text_hi) * ramp(fv, cfg.image_lo, cfg.image_hi)
+            tau = cfg.weight * ramp(ft[cfg.op], cfg.text_lo, cfg.text_hi) * ramp(fv, cfg.image_lo, cfg.image_hi)
             out[s.name] = s.ranks_of_scores((1 - tau)[:, None] * sp + tau[:, None] * sl)
         ks = kind_scores(out[suite.name], suite.kinds)
         return ks, r10(out[domain.name])
@@ -189,8 +213,10 @@ def fit(anchor: Anchor, suite: FitSet, domain: FitSet, tolerance: float = TOLERA
     best_cfg = AnchorConfig(weight=0.0, alpha=anchor.config.alpha)
     best = (float(np.mean(list(prior_suite.values()))) + prior_domain, prior_suite, prior_domain)
     tried = 0
-    for w, (tlo, thi), (ilo, ihi) in itertools.product(WEIGHTS, _ramps(ft_in), _ramps(fv_in)):
-        cfg = AnchorConfig(w, tlo, thi, ilo, ihi, anchor.config.alpha)
+    grid = [(op, w, t, i) for op in ops for w, t, i in itertools.product(
+        WEIGHTS, _ramps(feats[domain.name][0][op].numpy()), _ramps(fv_in))]
+    for op, w, (tlo, thi), (ilo, ihi) in grid:
+        cfg = AnchorConfig(w, tlo, thi, ilo, ihi, anchor.config.alpha, op)
         ks, dom = score(cfg)
         tried += 1
         if any(ks[k] < prior_suite[k] - tolerance for k in prior_suite):
@@ -235,6 +261,7 @@ def anchor_checkpoint(backbone, part: str, checkpoint_dir=None, progress: bool =
     anchor = build_banks(backbone, texts, images)
     suite = suite_set(backbone, composer)
     domain = in_domain_set(backbone, composer)
+    with_operations(backbone, anchor, suite, domain)
     cfg, report = fit(anchor, suite, domain)
     anchor.config = cfg
     report.update(config=cfg.to_dict(), text_bank=len(texts), image_bank=int(anchor.image_bank.shape[0]),
