@@ -177,15 +177,17 @@ def _search_controls(engine: SearchEngine, prefix: str, with_compare: bool = Fal
 def _expansion_controls(engine: SearchEngine, prefix: str, c: SearchPanel) -> None:
     """The LAttQE box with its note, the leave-the-reference-out box and the other expansion options."""
     lattqe_reason = engine.expanders_unavailable.get("lattqe")
+    # not offered where validation showed it moves no answer for this backbone (engine.defaults)
     c.lattqe = gr.Checkbox(value=False, label="LAttQE expansion", interactive=lattqe_reason is None,
-                           info=h.lattqe_info(engine), elem_id=f"{prefix}lattqe")
+                           info=h.lattqe_info(engine), elem_id=f"{prefix}lattqe",
+                           visible=lattqe_reason is not None or "lattqe" in engine.offered_expanders)
     # what LAttQE (or another expansion) did for the last query: expanded with which neighbours, or kept it
     c.lattqe_did = gr.Markdown("", visible=False, elem_id=f"{prefix}lattqe-did", elem_classes=["cis-note"])
     c.keep_out = gr.Checkbox(value=True, label="Leave the reference out of its results",
                              info="a gallery photo used as the reference is not shown as its own match",
                              elem_id=f"{prefix}exclude-reference")
     with gr.Accordion("Expansion options", open=False):
-        others = [(EXPANDER_LABELS.get(n, n), n) for n in engine.expanders if n != "lattqe"]
+        others = [(EXPANDER_LABELS.get(n, n), n) for n in engine.offered_expanders if n != "lattqe"]
         c.expander = gr.Dropdown(others, value="none", label="Expansion (when LAttQE is off)",
                                  info=h.EXPANSION_HELP, elem_id=f"{prefix}expander")
         c.nqe = gr.Slider(0, h.UI_MAX_NQE, value=0, step=1, label="nQE (neighbours used)",

@@ -32,6 +32,17 @@ class EngineDefaults:
     evidence: dict = field(default_factory=dict)
     floor: Dict[str, float] = field(default_factory=dict)
 
+    def offers(self, expander: str) -> bool:
+        """Whether the page offers ``expander`` for this backbone: not when validation showed it moves no
+        query's answer at its defaults (the record's ``queries_changed``); without a record, every one."""
+        changed = self.evidence.get("queries_changed")
+        if expander == "none" or not isinstance(changed, dict) or expander not in changed:
+            return True
+        try:
+            return int(changed[expander]) > 0
+        except (TypeError, ValueError):
+            return True
+
     def floor_for(self, expander: str) -> float:
         """The least cosine a neighbour needs to the query to be averaged in (-1: every neighbour)."""
         return float(self.floor.get(expander, FALLBACK_FLOOR))

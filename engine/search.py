@@ -166,6 +166,12 @@ class SearchEngine:
         self.defaults = engine_defaults(backbone, self.settings)
 
     @property
+    def offered_expanders(self) -> List[str]:
+        """The expanders the page offers: the available ones that validation showed to move some answer for
+        this backbone (engine.defaults.EngineDefaults.offers); the CLI and the APIs still accept every one."""
+        return [n for n in self.expanders if self.defaults.offers(n)]
+
+    @property
     def default_method(self) -> str:
         """The method a search without one uses (page, CLI and API alike): the one chosen on held-out-domain
         validation for this backbone (engine.defaults) when it loaded, else the weighted sum."""

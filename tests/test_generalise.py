@@ -168,3 +168,31 @@ def test_an_expanders_floor_keeps_the_query_when_no_neighbour_is_that_close(tmp_
     eng = open_engine(idx, backbone=tiny, settings=s)
     moved = search(eng, text="noise", method="sum", expand="aqe", k=5, explain=True)
     assert not moved.explanation["expansion"]["kept_query"] and moved.explanation["expansion"]["used_neighbours"] == 1
+
+
+def test_an_expander_that_moves_no_validation_answer_is_not_offered(tmp_path, tiny, monkeypatch):
+    """choose() counts, per expander at its chosen defaults, the validation queries whose answer it moves; an
+    expander that moves none is not offered (EngineDefaults.offers), one that does is."""
+    import numpy as np
+
+    import engine.eval.generalise as g
+    from engine.defaults import EngineDefaults, engine_defaults, write_defaults
+
+    calls = []
+
+    def fake_rank(v, suite, gallery, gemb, pos, expander=None, nqe=0, fraction=1.0, floor=-1.0):
+        calls.append(expander)
+        base = np.arange(1, len(v) + 1)
+        return base + 1 if expander == "moves" else base
+
+    monkeypatch.setattr(g, "rank_suite", fake_rank)
+    ev = {"suite_obj": None, "tensors": (None, None, None), "vectors": {"sum": np.zeros((5, 2)), "rtic": np.zeros((5, 2))}}
+    assert g._queries_changed(ev, "moves", 2, 0.9) == 10 and g._queries_changed(ev, "keeps", 2, 0.9) == 0
+    write_defaults(tiny, {"method": "sum", "queries_changed": {"aqe": 0, "lattqe": 7}}, tmp_path)
+    from engine.config import Settings
+
+    s = Settings()
+    s.checkpoints = str(tmp_path)
+    d = engine_defaults(tiny, s)
+    assert not d.offers("aqe") and d.offers("lattqe") and d.offers("none") and d.offers("alpha-qe")
+    assert EngineDefaults().offers("aqe")  # no record: every expander is offered

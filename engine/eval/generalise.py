@@ -306,7 +306,7 @@ def choose(backbone, settings: Settings, ev: dict) -> dict:
     gallery, gemb, pos = ev["tensors"]
     kinds = ev["kinds"]
     base = {n: r["all"]["R@10"] for (n, e), r in res.items() if e == "none"}
-    nqe, floors, grid = {}, {}, {}
+    nqe, floors, grid, changed = {}, {}, {}, {}
     for ex_name, ex in _expanders(backbone, settings).items():
         rows = {}
         for value in NQE_GRID:
@@ -316,8 +316,19 @@ def choose(backbone, settings: Settings, ev: dict) -> dict:
                 rows[(value, fl)] = round(worst, 2)
         grid[ex_name] = {f"nqe {v}, floor {fl:g}": w for (v, fl), w in rows.items()}
         nqe[ex_name], floors[ex_name] = max(rows, key=lambda vf: (rows[vf], -vf[1], -vf[0]))
+        changed[ex_name] = _queries_changed(ev, ex, nqe[ex_name], floors[ex_name])
     return {"method": method, "overall_val": {n: round(s, 2) for n, s in scores.items()},
-            "nqe": nqe, "floor": floors, "nqe_fraction": NQE_FRACTION, "grid_worst_r10_change": grid}
+            "nqe": nqe, "floor": floors, "nqe_fraction": NQE_FRACTION, "grid_worst_r10_change": grid,
+            "queries_changed": changed}
+
+
+def _queries_changed(ev: dict, expander, nqe: int, floor: float) -> int:
+    """How many (composer, validation query) pairs the expander at (nqe, floor) moves the target of: an
+    expander that moves none is not offered on the page for this backbone (engine.defaults)."""
+    suite = ev["suite_obj"]
+    gallery, gemb, pos = ev["tensors"]
+    return int(sum((rank_suite(v, suite, gallery, gemb, pos, expander, nqe, NQE_FRACTION, floor)
+                    != rank_suite(v, suite, gallery, gemb, pos)).sum() for v in ev["vectors"].values()))
 
 
 def choose_defaults(backbone, settings: Settings, out: Optional[Path] = None) -> tuple:
