@@ -21,7 +21,7 @@ import torch
 from ..config import ROOT, Settings
 from ..registry import Registry
 from ..reports import merge_sections
-from . import concepts, edits, expansion, generalise
+from . import concepts, edits, expansion, gallery_queries, generalise
 from .metrics import first_hit_ranks, recall_from_ranks
 
 KS = (1, 5, 10, 50)
@@ -31,6 +31,7 @@ OFFLINE_SECTIONS.register("query-expansion")(expansion.offline_section)
 OFFLINE_SECTIONS.register("backbone-versions")(concepts.offline_section)
 OFFLINE_SECTIONS.register("generalise")(generalise.offline_section)
 OFFLINE_SECTIONS.register("edits-seen")(edits.offline_section)
+OFFLINE_SECTIONS.register("gallery-queries")(gallery_queries.offline_section)
 
 
 def cir_tensors(backbone, split: str = "test"):
