@@ -176,7 +176,11 @@ def colour_hsv(name: str) -> tuple:
 
 @lru_cache(maxsize=1)
 def colour_splits() -> Dict[str, str]:
-    return split_members(list(colours()), "colour")
+    """XKCD name -> split; the offline CIR set's own colour words (``recolour.PALETTE``) are always train."""
+    from .recolour import PALETTE
+
+    out = split_members(list(colours()), "colour")
+    return {n: "train" if n in PALETTE else s for n, s in out.items()}
 
 
 def offline_categories() -> List[str]:
@@ -235,13 +239,19 @@ def wrappers(family: str) -> tuple:
 
 
 def templates(family: str, split: str, edit: str = "") -> List[dict]:
-    """``[{id, template}]`` of one family (and edit) on one side: the side's cores in every wrapper."""
+    """``[{id, template, core}]`` of one family (and edit) on one side: the side's cores in every wrapper."""
     out = []
     for core in of_split(core_splits(family, edit), split):
         idx = cores(family, edit).index(core)
         for w, wrap in enumerate(wrappers(family)):
             out.append({"id": f"{family}:{edit}:{idx}:{w}" if edit else f"{family}:{idx}:{w}",
-                        "template": wrap.replace("{t}", core)})
+                        "template": wrap.replace("{t}", core), "core": core})
+    if split != "train":  # a wrapped core that reads like a training template or tone phrasing is left out
+        from .tone import TONE_TEXTS
+
+        seen = {t["template"].lower() for t in templates(family, "train", edit)}
+        seen |= {t.lower() for phrasings in TONE_TEXTS.values() for t in phrasings}
+        out = [t for t in out if t["template"].lower() not in seen]
     return out
 
 
@@ -317,7 +327,7 @@ def load_open_vocab(split: str, kinds: Optional[Sequence[str]] = None, limit: in
             continue
         ref = image_path("open_vocab", rec["reference"])
         tgts = [image_path("open_vocab", t) for t in rec["targets"]]
-        meta = {k: v for k, v in rec.items() if k not in ("reference", "text", "targets")}
+        meta = {**{k: v for k, v in rec.items() if k not in ("reference", "text", "targets")}, "gallery": "open"}
         out.append(Triplet(rec["id"], str(ref), rec["text"], [str(t) for t in tgts], meta))
     if limit and len(out) > limit:
         out = sorted(random.Random(f"open-vocab:{split}").sample(out, limit), key=lambda t: t.query_id)

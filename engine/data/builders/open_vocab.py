@@ -87,7 +87,8 @@ def _pick(rng: random.Random, split: str, family: str, edit: str = "") -> dict:
 
 def _row(kind: str, qid: str, ref: str, text: str, targets: list, tpl: dict, **meta) -> dict:
     return {"id": f"{kind}:{qid}", "kind": kind, "reference": ref, "text": text, "targets": targets,
-            "template": tpl["id"], **meta}
+            "template": tpl["id"], **{k: v for k, v in meta.items() if v is not None}}
+
 
 
 def _colour_rows(w: _Writer, p, img, ref: str, split: str, rng: random.Random) -> list[dict]:
@@ -103,7 +104,8 @@ def _colour_rows(w: _Writer, p, img, ref: str, split: str, rng: random.Random) -
                      split)
         tpl = _pick(rng, split, "colour")
         rows.append(_row("colour", f"{p.key}:{name}", ref, ov.render(tpl["template"], c=name), [rel], tpl,
-                         attribute=name, rgb=list(ov.colours()[name]), source_hue=round(analysis.hue, 1)))
+                         attribute=name, rgb=list(ov.colours()[name]), source_hue=round(analysis.hue, 1),
+                         reference_caption=p.caption))
     return rows
 
 
@@ -114,7 +116,8 @@ def _light_rows(w: _Writer, p, img, ref: str, split: str, rng: random.Random) ->
     rows = []
     for e, rel in edits.items():
         tpl = _pick(rng, split, "light", e)
-        rows.append(_row("light", f"{p.key}:{e}", ref, tpl["template"], [rel], tpl, edit=e))
+        rows.append(_row("light", f"{p.key}:{e}", ref, tpl["template"], [rel], tpl, edit=e,
+                         phrase=tpl["core"], reference_caption=p.caption))
     for e in sorted(rng.sample(sorted(edits), UNDO_PER_PHOTO)):
         tpl = _pick(rng, split, "undo", e)
         rows.append(_row("undo", f"{p.key}:{e}", edits[e], tpl["template"], [ref], tpl, edit=e))
