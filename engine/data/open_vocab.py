@@ -251,6 +251,8 @@ def templates(family: str, split: str, edit: str = "") -> List[dict]:
 
         seen = {t["template"].lower() for t in templates(family, "train", edit)}
         seen |= {t.lower() for phrasings in TONE_TEXTS.values() for t in phrasings}
+        if split == "test":  # nor like a validation one
+            seen |= {t["template"].lower() for t in templates(family, "val", edit)}
         out = [t for t in out if t["template"].lower() not in seen]
     return out
 

@@ -189,15 +189,18 @@ def build_open_vocab(out: Path, inp: Inputs, seed: int) -> dict:
 
 
 def open_vocab_recipe() -> str:
-    """Hash of everything the set's rows depend on beyond the shared recipe: vocabularies, templates, settings."""
+    """Hash of everything the set's rows depend on beyond the shared recipe: this builder, the vocabularies and
+    templates (``engine.data.open_vocab``), the edits (``engine.data.tone``) and the XKCD table."""
     import hashlib
     import json
 
-    parts = [SIDE, COLOURS_PER_PHOTO, EDITS_PER_PHOTO, UNDO_PER_PHOTO, COMPOSE_TARGETS, MAX_CATEGORY_TARGETS, TRAIN_EDITS,
-             ov.colours(), ov.category_splits(), ov.COLOUR_CORES, ov.LIGHT_CORES, ov.UNDO_CORES, ov.CATEGORY_CORES,
-             ov.COMPOSE_OBJECT_CORES, ov.COMPOSE_LOOK_CORES, ov.LOOKS, ov.WRAPPERS, ov.WRAPPERS_VERB,
-             ov.COMPOSE_WRAPPERS]
-    return hashlib.sha256(json.dumps(parts, default=str, sort_keys=True).encode()).hexdigest()[:12]
+    from .. import tone
+
+    h = hashlib.sha256(json.dumps(ov.colours(), sort_keys=True).encode())
+    for module in (ov, tone, recolour):
+        h.update(Path(module.__file__).read_bytes())
+    h.update(Path(__file__).read_bytes())
+    return h.hexdigest()[:12]
 
 
 def _vocabulary_counts() -> dict:
