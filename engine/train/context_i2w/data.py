@@ -124,7 +124,7 @@ def open_vocab_pairs(split: str = "train") -> List[Pair]:
         if not cap or rec["kind"] not in ("colour", "light") or rec["targets"][0] in seen:
             continue
         seen.add(rec["targets"][0])
-        text = f"{rec['attribute']} {cap}" if rec["kind"] == "colour" else f"{cap}, {rec['phrase']}"
+        text = f"{rec['attribute']} {cap}" if rec["kind"] == "colour" else f"{cap.rstrip('. ')}, {rec['phrase']}"
         out.append(Pair(image_path("open_vocab", rec["targets"][0]), text))
     return out
 
