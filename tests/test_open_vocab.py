@@ -62,6 +62,8 @@ def test_vocabularies_and_templates_are_split_by_word_and_template_disjointly():
     cats = ov.category_splits()
     assert len(cats) > 1000 and {cats[c] for c in ov.offline_categories()} == set(ov.SPLITS)
     assert all(cats[c] == s for s, cs in CATS.items() for c in cs)
+    assert ov.core_splits("light", "night")["at night"] == "train"             # --tone-edits' own phrasings
+    assert ov.core_splits("light", "bw")["in black and white"] == "train"
     total = sum(ov.template_count().values())
     assert total >= 1000, total
     for fam in ov.FAMILIES:

@@ -13,7 +13,7 @@ data): a trainer sees only ``train`` words in ``train`` templates; validation an
   ``engine.data.tone``), ``category`` (``{a}`` / ``{b}``: the reference's and the target's thing, ``{A}`` /
   ``{B}`` with an article), ``compose-object`` (change the thing, keep the look: ``{look}``), ``compose-look``
   (keep the thing ``{a}``, change the look ``{x}``) and ``undo`` (one core list per edit). A core is the split
-  unit; :data:`WRAPPERS` (politeness prefixes) multiply the cores into hundreds of templates on every side.
+  unit; its wrappings (:func:`wrappers`: politeness prefixes) multiply the cores into hundreds of templates on every side.
 
 The built triplets are the ``open_vocab`` offline set (``engine.data.builders.open_vocab``;
 ``python -m engine.data.builders build --only open_vocab``); :func:`load_open_vocab` reads it.
@@ -29,8 +29,12 @@ SPLITS = ("train", "val", "test")
 SEED = 0
 MIN_CHROMA = 0.30   # max(RGB) - min(RGB) of a colour name kept for recolouring
 MIN_VALUE = 0.35    # max(RGB)
-WRAPPERS = ("{t}", "please {t}", "now {t}", "can you do it {t}?", "{t}, please")
+WRAPPERS = ("{t}", "please {t}", "now {t}", "could you show it {t}?", "{t}, please")
 WRAPPERS_VERB = ("{t}", "please {t}", "now {t}", "could you {t}?", "{t}, please")
+WRAPPERS_PLAIN = ("{t}", "please, {t}", "now {t}", "ok, {t}", "{t}, please")
+VERBS = frozenset("make turn paint colour color dye change recolour recolor give switch swap repaint replace show try do "
+                  "find trade exchange brighten darken drain remove restore put undo fix tone flip turn sharpen invert "
+                  "keep".split())
 
 COLOUR_CORES = (
     "make it {c}", "turn it {c}", "paint it {c}", "colour it {c}", "color it {c}", "dye it {c}", "change it to {c}",
@@ -126,16 +130,18 @@ def _unit(key: str) -> float:
     return unit_hash(SEED, f"open-vocab:{key}")
 
 
-def split_members(items: Sequence[str], scope: str) -> Dict[str, str]:
-    """``{item: split}`` by a stable hash of (scope, item), 70 / 15 / 15; when there are at least three
-    items, every side gets one (the lowest-hash train items move to an empty side)."""
+def split_members(items: Sequence[str], scope: str, train_only: frozenset = frozenset()) -> Dict[str, str]:
+    """``{item: split}`` by a stable hash of (scope, item), 70 / 15 / 15; ``train_only`` items are train; when
+    there are at least three others, every side gets one (the lowest-hash train items move to an empty side)."""
     from .builders.common import SPLIT_FRACTIONS, assign_split
 
-    out = {it: assign_split(f"open-vocab:{scope}:{it}", SEED, SPLIT_FRACTIONS) for it in items}
+    out = {it: "train" if it.lower() in train_only else assign_split(f"open-vocab:{scope}:{it}", SEED, SPLIT_FRACTIONS)
+           for it in items}
     if len(out) >= 3:
         for side in ("test", "val"):
             if side not in out.values():
-                pool = sorted((it for it, s in out.items() if s == "train"), key=lambda it: _unit(f"{scope}:{it}"))
+                pool = sorted((it for it, s in out.items() if s == "train" and it.lower() not in train_only),
+                              key=lambda it: _unit(f"{scope}:{it}"))
                 if len(pool) > 1:
                     out[pool[0]] = side
     return out
@@ -179,8 +185,7 @@ def colour_splits() -> Dict[str, str]:
     """XKCD name -> split; the offline CIR set's own colour words (``recolour.PALETTE``) are always train."""
     from .recolour import PALETTE
 
-    out = split_members(list(colours()), "colour")
-    return {n: "train" if n in PALETTE else s for n, s in out.items()}
+    return split_members(list(colours()), "colour", frozenset(PALETTE))
 
 
 def offline_categories() -> List[str]:
@@ -229,13 +234,21 @@ def cores(family: str, edit: str = "") -> tuple:
 
 @lru_cache(maxsize=64)
 def core_splits(family: str, edit: str = "") -> Dict[str, str]:
-    return split_members(list(cores(family, edit)), f"template:{family}:{edit}")
+    """Core -> split; a core that is one of the ``--tone-edits`` training phrasings ("at night") is train."""
+    from .tone import TONE_TEXTS
+
+    fixed = frozenset(t.lower() for phrasings in TONE_TEXTS.values() for t in phrasings)
+    return split_members(list(cores(family, edit)), f"template:{family}:{edit}", fixed)
 
 
-def wrappers(family: str) -> tuple:
+def wrappers(family: str, core: str) -> tuple:
+    """The wrappings of a core: a request ("could you …?") for a core that starts with a verb, "could you show it
+    …?" for a light / undo phrase, plain prefixes otherwise."""
     if family in ("compose-object", "compose-look"):
         return COMPOSE_WRAPPERS
-    return WRAPPERS_VERB if family in ("colour", "category") else WRAPPERS
+    if core.split(" ", 1)[0].lower() in VERBS:
+        return WRAPPERS_VERB
+    return WRAPPERS if family in ("light", "undo") else WRAPPERS_PLAIN
 
 
 def templates(family: str, split: str, edit: str = "") -> List[dict]:
@@ -243,7 +256,7 @@ def templates(family: str, split: str, edit: str = "") -> List[dict]:
     out = []
     for core in of_split(core_splits(family, edit), split):
         idx = cores(family, edit).index(core)
-        for w, wrap in enumerate(wrappers(family)):
+        for w, wrap in enumerate(wrappers(family, core)):
             out.append({"id": f"{family}:{edit}:{idx}:{w}" if edit else f"{family}:{idx}:{w}",
                         "template": wrap.replace("{t}", core), "core": core})
     if split != "train":  # a wrapped core that reads like a training template or tone phrasing is left out
@@ -260,7 +273,7 @@ def templates(family: str, split: str, edit: str = "") -> List[dict]:
 def template_count() -> Dict[str, int]:
     """How many templates each family has over all sides."""
     edits = {"light": tuple(LIGHT_CORES), "undo": tuple(UNDO_CORES)}
-    return {f: sum(len(cores(f, e)) * len(wrappers(f)) for e in edits.get(f, ("",))) for f in FAMILIES}
+    return {f: sum(len(wrappers(f, c)) for e in edits.get(f, ("",)) for c in cores(f, e)) for f in FAMILIES}
 
 
 def with_article(name: str) -> str:
