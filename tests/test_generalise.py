@@ -9,8 +9,8 @@ from PIL import Image
 
 from engine.data.heldout import training_texts, training_vocabulary, words
 from engine.data.tone import edited_file
-from engine.eval.generalise import (ATTRIBUTE_TEMPLATES, CATEGORY_TEMPLATES, EDITS, bootstrap_interval, build_suite,
-                                    held_out_photos, overall_score, summarise)
+from engine.eval.generalise import (ATTRIBUTE_TEMPLATES, CATEGORY_TEMPLATES, EDITS, OLD_KINDS, bootstrap_interval,
+                                    build_suite, held_out_photos, overall_score, summarise)
 
 NOVEL = ["cheetah", "macaque", "windmill", "alpaca", "narwhal", "igloo", "petra", "gibbon", "lemur", "jaguar",
          "pika", "manta"]
@@ -79,7 +79,7 @@ def test_the_suite_holds_only_what_no_trainer_sees_and_its_sides_share_nothing(f
                 cat_words[side] |= names
                 assert any(t.format("").strip() in q["text"] or t.split("{}")[0] in q["text"]
                            for t in CATEGORY_TEMPLATES[side])
-            else:
+            elif q["kind"] in OLD_KINDS:
                 ref = suite.items[q["reference"]]
                 assert [str(suite.items[t]) for t in q["targets"]] == [str(edited_file(ref, q["edit"]))]
         # every photo in every version is in the attribute gallery
@@ -90,6 +90,37 @@ def test_the_suite_holds_only_what_no_trainer_sees_and_its_sides_share_nothing(f
     assert not (texts["val"] & texts["test"])           # and by phrasing
     assert sides["val"].summary()["by_kind"]["tint"] == 3 * len([p for p in photos if p["side"] == "val"])
     assert set(ATTRIBUTE_TEMPLATES["val"]) == set(ATTRIBUTE_TEMPLATES["test"]) == {"tint", "bw", "night", "sepia"}
+
+
+def test_the_open_kinds_exist_on_both_sides_in_their_sides_words_only(fake_sets):
+    from engine.data import open_vocab as ov
+    from engine.data.tone import LIGHT_EDITS
+    from engine.eval.generalise_open import OPEN_KINDS
+
+    sides = {s: build_suite(s) for s in ("val", "test")}
+    train_texts = {t["template"].lower() for fam in ov.FAMILIES
+                   for e in ({"light": tuple(ov.LIGHT_CORES), "undo": tuple(ov.UNDO_CORES)}.get(fam, ("",)))
+                   for t in ov.templates(fam, "train", e)}
+    texts = {}
+    for side, suite in sides.items():
+        kinds = suite.summary()["by_kind"]
+        assert all(kinds.get(k, 0) > 0 for k in OPEN_KINDS if k != "colour-new"), kinds  # noise: no object
+        qs = [q for q in suite.queries if q["kind"] in OPEN_KINDS]
+        texts[side] = {q["text"].lower() for q in qs}
+        assert not texts[side] & train_texts
+        for q in qs:
+            assert q["gallery"] == "open" and q["reference"] not in q["targets"]
+            files = [str(suite.items[t]) for t in q["targets"]]
+            ref = suite.items[q["reference"]]
+            if q["kind"] in ("light", "rephrased"):
+                assert files == [str(edited_file(ref, q["edit"]))]
+            if q["kind"] == "light":
+                assert q["edit"] in LIGHT_EDITS
+            if q["kind"] == "undo":
+                assert str(ref) == str(edited_file(suite.items[q["targets"][0]], q["edit"]))
+        comp = [q for q in qs if q["kind"] == "compositional"]
+        assert any(len(q["targets"]) >= 1 and "object" in q["id"] for q in comp) and any("look" in q["id"] for q in comp)
+    assert not texts["val"] & texts["test"]
 
 
 def test_bootstrap_interval_and_scores_follow_their_definitions():

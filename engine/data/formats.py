@@ -29,7 +29,7 @@ from ..errors import InputError
 from ..fileio import atomic_write_json, atomic_write_text
 
 FORMAT_VERSION = 2
-DATASET_NAMES = ("cir", "captions", "labelled", "multilabel")
+DATASET_NAMES = ("cir", "captions", "labelled", "multilabel", "open_vocab")
 IMAGES_DIRNAME = "images"
 MANIFEST = "manifest.json"
 

@@ -61,12 +61,14 @@ def keep_row(paths: Iterable[str], held_out: frozenset) -> bool:
 
 def training_vocabulary() -> frozenset:
     """Every word of every text a trainer can see: the offline CIR queries of every split, the captions of
-    every non-held-out source (every split), and the tone-edit phrasings."""
+    every non-held-out source (every split), the tone-edit phrasings and the open-vocabulary set's train side
+    (its template words, colour names and category names: ``engine.data.open_vocab.training_words``)."""
     return _training_vocabulary(_root())
 
 
 @lru_cache(maxsize=4)
 def _training_vocabulary(root: str) -> frozenset:
+    from . import open_vocab
     from .formats import load_split
     from .tone import TONE_TEXTS
 
@@ -80,7 +82,7 @@ def _training_vocabulary(root: str) -> frozenset:
     for phrasings in TONE_TEXTS.values():
         for t in phrasings:
             vocab |= words(t)
-    return frozenset(vocab)
+    return frozenset(vocab | open_vocab.training_words())
 
 
 def training_texts() -> frozenset:

@@ -179,15 +179,30 @@ def recolour(img: Image.Image, colour: str, analysis: ObjectColour) -> Image.Ima
     """
     if colour not in PALETTE:
         raise ValueError(f"unknown colour {colour!r}; choose one of {', '.join(PALETTE)}")
+    return recolour_to(img, analysis, PALETTE[colour])
+
+
+def recolour_to(img: Image.Image, analysis: ObjectColour, hue: float,
+                sat_val: Optional[tuple[float, float]] = None) -> Image.Image:
+    """Rotate the object's dominant hue to ``hue`` (degrees); with ``sat_val`` (a named colour's HSV saturation
+    and value, e.g. an XKCD colour's), also scale the dominant cluster's saturation and value so that their
+    medians move to the colour's, with the same per-pixel weight as the hue. Only the object changes."""
     has_alpha = img.mode in ("RGBA", "LA") or (img.mode == "P" and "transparency" in img.info)
     mode = "RGBA" if has_alpha else "RGB"
     src = np.asarray(img.convert(mode)).copy()
     rgb = src[..., :3].astype(np.float64) / 255.0
     h, s, v = rgb_to_hsv(rgb)
     w = shift_weights(img, analysis, hue=h)
-    delta = ((PALETTE[colour] - analysis.hue + 180.0) % 360.0) - 180.0
+    delta = ((hue - analysis.hue + 180.0) % 360.0) - 180.0
     changed = w > 0
-    new_rgb = hsv_to_rgb(h[changed] + delta * w[changed], s[changed], v[changed])
+    wc, sc, vc = w[changed], s[changed], v[changed]
+    if sat_val is not None:
+        core = w > 0.5
+        s_gain = sat_val[0] / max(float(np.median(s[core])), 1e-3) if core.any() else 1.0
+        v_gain = sat_val[1] / max(float(np.median(v[core])), 1e-3) if core.any() else 1.0
+        sc = np.clip(sc * (1.0 + wc * (s_gain - 1.0)), 0.0, 1.0)
+        vc = np.clip(vc * (1.0 + wc * (v_gain - 1.0)), 0.0, 1.0)
+    new_rgb = hsv_to_rgb(h[changed] + delta * wc, sc, vc)
     out = src.copy()
     out[..., :3][changed] = np.clip(np.rint(new_rgb * 255.0), 0, 255).astype(np.uint8)
     return Image.fromarray(out, mode=mode)

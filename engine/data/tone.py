@@ -9,9 +9,15 @@ tone edits (the offline CIR set has colour edits but no tone edits) and by the h
   a night photograph of the same scene tends to look;
 - ``sepia``: the luma mapped onto a brown ramp (the usual sepia toning matrix);
 - ``tint-red`` / ``tint-green`` / ``tint-blue``: a strong colour cast, 55 % of the picture plus 45 % of its
-  luma in the tint's colour, so the detail stays and the whole picture takes the colour.
+  luma in the tint's colour, so the detail stays and the whole picture takes the colour;
+- light and geometry (the open-vocabulary set, ``engine.data.open_vocab``, and the suite's ``light`` kind):
+  ``bright`` (gamma 0.5, then x 1.25: overexposed), ``dark`` (gamma 1.6, then x 0.55), ``faded`` (25 % of the
+  saturation, lifted blacks: washed out), ``contrast`` (the distance from mid-grey doubled), ``blur`` (a 9-pixel
+  box blur, three passes per side of 224), ``flip`` (mirrored left to right), ``upside-down`` (turned
+  180 degrees) and ``negative`` (1 - the picture).
 
-Only ``bw`` and ``night`` (:data:`TONE_TEXTS`) are used for training; the others exist for evaluation.
+``--tone-edits`` trains on ``bw`` and ``night`` (:data:`TONE_TEXTS`); ``--open-vocab`` trains on every edit but the
+tints, in open phrasings (``engine.data.open_vocab``); the tints exist for evaluation.
 """
 from __future__ import annotations
 
@@ -25,7 +31,8 @@ TONE_TEXTS = {
 
 TINTS = {"tint-red": (1.0, 0.12, 0.12), "tint-green": (0.12, 0.85, 0.12), "tint-blue": (0.12, 0.25, 1.0)}
 # every edit :func:`photo_edit` knows; the training phrasings exist for TONE_TEXTS' kinds only
-PHOTO_EDITS = ("bw", "night", "sepia", *TINTS)
+LIGHT_EDITS = ("bright", "dark", "faded", "contrast", "blur", "flip", "upside-down", "negative")
+PHOTO_EDITS = ("bw", "night", "sepia", *TINTS, *LIGHT_EDITS)
 
 
 def _luma(rgb: torch.Tensor) -> torch.Tensor:
@@ -51,7 +58,38 @@ def photo_edit(rgb: torch.Tensor, kind: str) -> torch.Tensor:
     if kind == "night":
         tint = torch.tensor([0.8, 0.9, 1.25], dtype=rgb.dtype, device=rgb.device).view(3, 1, 1)
         return ((rgb.clamp(0, 1) ** 1.8) * 0.35 * tint).clamp(0, 1)
+    if kind in LIGHT_EDITS:
+        return _light_edit(rgb.clamp(0, 1), kind)
     raise ValueError(f"unknown photo edit {kind!r}; choose one of {', '.join(PHOTO_EDITS)}")
+
+
+def _light_edit(rgb: torch.Tensor, kind: str) -> torch.Tensor:
+    """The light / geometry edits of :data:`LIGHT_EDITS` (input already clamped to [0, 1])."""
+    if kind == "bright":
+        return (rgb ** 0.5 * 1.25).clamp(0, 1)
+    if kind == "dark":
+        return (rgb ** 1.6) * 0.55
+    if kind == "faded":
+        luma = _luma(rgb)
+        return (0.15 + 0.8 * (luma + 0.25 * (rgb - luma))).clamp(0, 1)
+    if kind == "contrast":
+        return ((rgb - 0.5) * 2.0 + 0.5).clamp(0, 1)
+    if kind == "flip":
+        return rgb.flip(-1)
+    if kind == "upside-down":
+        return rgb.flip(-1).flip(-2)
+    if kind == "negative":
+        return 1.0 - rgb
+    return _box_blur(rgb, passes=max(1, round(3 * max(rgb.shape[-2:]) / 224)))
+
+
+def _box_blur(rgb: torch.Tensor, passes: int, size: int = 9) -> torch.Tensor:
+    """Repeated ``size`` x ``size`` box blur (edges replicated): close to a Gaussian after a few passes."""
+    x = rgb.reshape(-1, 1, *rgb.shape[-2:])
+    kernel = torch.full((1, 1, size, size), 1.0 / size ** 2, dtype=rgb.dtype, device=rgb.device)
+    for _ in range(passes):
+        x = torch.nn.functional.conv2d(torch.nn.functional.pad(x, (size // 2,) * 4, mode="replicate"), kernel)
+    return x.reshape(rgb.shape)
 
 
 # -- tone-edit triplets of the offline CIR set (RTIC training with --tone-edits, and its validation) --------

@@ -9,7 +9,10 @@ rewards fitting that vocabulary. This suite is built only from what no trainer s
 * **attribute edits** of the photos (kinds ``tint``: red / green / blue cast, ``bw``, ``night``, ``sepia``;
   ``engine.data.tone.photo_edit``): the photo + a phrasing -> its own edited version, in a gallery of every
   photo in every version, so the photo's other versions are the hardest negatives;
-* **phrasings** from templates no trainer uses (checked against every training text).
+* **phrasings** from templates no trainer uses (checked against every training text);
+* **open-vocabulary kinds** (``engine.eval.generalise_open``): ``compositional``, ``colour-new``, ``light``,
+  ``undo`` and ``rephrased``, in the words and templates of the open-vocabulary set's side of the same name
+  (``engine.data.open_vocab``; trainers see only its train side), in a gallery of their own (``open``).
 
 Two sides, ``val`` and ``test``, disjoint by photo, by category word (a thing's photos all fall on one side)
 and by template. Every recipe, checkpoint, the default method and the expansion defaults are chosen on
@@ -34,7 +37,8 @@ SIDES = ("val", "test")
 SEED = 0
 KS = (1, 10)
 EDITS = ("tint-red", "tint-green", "tint-blue", "bw", "night", "sepia")
-KINDS = ("category", "tint", "bw", "night", "sepia")
+OLD_KINDS = ("category", "tint", "bw", "night", "sepia")
+KINDS = (*OLD_KINDS, "compositional", "colour-new", "light", "undo", "rephrased")
 # names that are no thing to look for (colours, numbers, letters, generic words)
 NOT_A_THING = frozenset({"animal", "color", "colour", "gray", "grey", "mauve", "sixteen", "zero", "reptile",
                          "f", "sea", "monument"})
@@ -104,13 +108,14 @@ def build_suite(side: str, seed: int = SEED, edit_root=None) -> Suite:
     """The ``side`` half of the suite (edited versions written once under the cache, like the tone edits)."""
     from ..data.heldout import training_texts
     from ..data.tone import edited_file
+    from .generalise_open import open_queries
 
     if side not in SIDES:
         raise ValueError(f"side must be one of {SIDES}")
     photos = [p for p in held_out_photos(seed) if p["side"] == side]
     rng = np.random.default_rng([seed, SIDES.index(side)])
     items: Dict[str, Path] = {}
-    galleries: Dict[str, List[str]] = {"category": [], "attribute": []}
+    galleries: Dict[str, List[str]] = {"category": [], "attribute": [], "open": []}
 
     def add(gallery: str, path: Path) -> str:
         key = f"{gallery}:{path}"
@@ -146,6 +151,7 @@ def build_suite(side: str, seed: int = SEED, edit_root=None) -> Suite:
             text = phrasing.format(c=edit.split("-", 1)[-1]) if kind == "tint" else phrasing
             queries.append({"id": f"{side}:{edit}:{i}", "kind": kind, "edit": edit, "text": text,
                             "reference": ref, "gallery": "attribute", "targets": [target]})
+    queries += open_queries(side, photos, add, edit_root, seed)
     seen = training_texts()
     clash = sorted({q["text"] for q in queries if q["text"].strip().lower() in seen})
     if clash:
@@ -363,7 +369,7 @@ def markdown(ev: dict, backbone) -> str:
     s = ev["suite"]
     lines = [f"Side `{ev['side']}`: {s['queries']} queries ({', '.join(f'{k} {v}' for k, v in s['by_kind'].items())}); "
              f"galleries: {s['gallery']['category']} photos (category changes), {s['gallery']['attribute']} photos in "
-             f"every version (attribute edits); reference left out; backbone `{backbone.fingerprint}`. Cells: "
+             f"every version (attribute edits), {s['gallery'].get('open', 0)} in the open kinds' versions; reference left out; backbone `{backbone.fingerprint}`. Cells: "
              "R@K in % with the 95 % bootstrap interval.", "",
              "| method | overall | " + " | ".join(f"{k} R@1 | {k} R@10" for k in KINDS) + " |",
              "|---|---|" + "---|---|" * len(KINDS)]

@@ -7,7 +7,9 @@
                  object photos, category-change queries over real photos) + per-split galleries;
 * ``captions``   image / caption pairs (Tux Paint, Twemoji, GCompris, Saleor, scikit samples);
 * ``labelled``   single-label retrieval sets (Fashion-MNIST full and small, emoji, photos);
-* ``multilabel`` multi-label set for hashing (Twemoji + Tux Paint category paths).
+* ``multilabel`` multi-label set for hashing (Twemoji + Tux Paint category paths);
+* ``open_vocab`` operations over open vocabularies (XKCD colours, light / tone edits, category changes,
+                 compositional and undo triplets; words and templates split by word / template).
 
 Everything is deterministic for a given seed: splits come from a hash of (seed, group key), so one
 emoji family or one original photo (with its recoloured copies and near-duplicates) always lands in
@@ -48,13 +50,17 @@ from .common import (
 )
 from .labelled import build_labelled
 from .multilabel import build_multilabel
+from .open_vocab import build_open_vocab, open_vocab_recipe
 
 BUILDERS: dict[str, Callable[[Path, Inputs, int], dict]] = {
     "cir": build_cir,
     "captions": build_captions,
     "labelled": build_labelled,
     "multilabel": build_multilabel,
+    "open_vocab": build_open_vocab,
 }
+# sets with a recipe of their own beside the shared one (recipe_hash): a change rebuilds only that set
+OWN_RECIPES: dict[str, Callable[[], str]] = {"open_vocab": open_vocab_recipe}
 
 
 def build_into(name: str, final_dir: Path, inp: Inputs, seed: int = DEFAULT_SEED) -> dict:
@@ -73,6 +79,7 @@ def build_into(name: str, final_dir: Path, inp: Inputs, seed: int = DEFAULT_SEED
             "split_fractions": dict(zip(SPLITS, SPLIT_FRACTIONS)),
             "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "build_seconds": round(time.time() - started, 1),
+            **({"own_recipe": OWN_RECIPES[name]()} if name in OWN_RECIPES else {}),
             **info,
         }
         write_json(tmp / MANIFEST, manifest)
@@ -98,7 +105,9 @@ def is_built(name: str) -> bool:
         manifest = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError):
         return False
-    return manifest.get("format_version") == FORMAT_VERSION and manifest.get("recipe") == recipe_hash()
+    own = OWN_RECIPES[name]() if name in OWN_RECIPES else None
+    return (manifest.get("format_version") == FORMAT_VERSION and manifest.get("recipe") == recipe_hash()
+            and manifest.get("own_recipe") == own)
 
 
 def ensure_built(*names: str, seed: int = DEFAULT_SEED) -> None:

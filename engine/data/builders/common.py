@@ -430,7 +430,7 @@ def gather_inputs(names: Sequence[str], seed: int = DEFAULT_SEED) -> Inputs:
     """Load the real sources needed by ``names`` (installs the Twemoji npm package into the cache)."""
     inp = Inputs()
     need_emoji = any(n in names for n in ("cir", "captions", "labelled", "multilabel"))
-    need_photos = any(n in names for n in ("cir", "captions", "labelled", "multilabel"))
+    need_photos = any(n in names for n in ("cir", "captions", "labelled", "multilabel", "open_vocab"))
     if need_emoji:
         pkg = twemoji.package_dir(install=True)
         inp.emojis = twemoji.load_emoji(pkg)

@@ -30,7 +30,8 @@ def _parser() -> argparse.ArgumentParser:
     d, t = ContextI2WConfig(vision_width=1, token_dim=1, context_dim=1), TrainConfig()
     ap = argparse.ArgumentParser(prog="python -m engine train context-i2w", description=__doc__.split("\n\n")[0])
     ap.add_argument("--data", default="captions", help="'captions' (offline set), 'recoloured' (the offline CIR set's colour edits), "
-                    "'captions+recoloured', a CSV/TSV/JSONL file or a CC3M-style folder")
+                    "'open-vocab' (the open-vocabulary set's colour and light edits, train side), "
+                    "'captions+recoloured+open-vocab', a CSV/TSV/JSONL file or a CC3M-style folder")
     ap.add_argument("--image-root", default=None, help="folder that relative image paths in a pair file start from")
     ap.add_argument("--split", default="train", help="captions: training split")
     ap.add_argument("--val-split", default="val", help="captions: held-out split ('' = none)")
@@ -87,7 +88,7 @@ def _mapper_config(args, backbone) -> ContextI2WConfig:
 
 
 def _offline(spec: str) -> bool:
-    return all(part in ("captions", "recoloured") for part in spec.split("+"))
+    return all(part in ("captions", "recoloured", "open-vocab") for part in spec.split("+"))
 
 
 
@@ -106,10 +107,19 @@ def _start_mapper(args, backbone, out: Path, record: dict) -> ContextI2WMapper:
     return mapper
 
 
+def _offline_val(args) -> List[Pair]:
+    """The offline held-out pairs: the captions' split, and with ``open-vocab`` in the data its val side
+    (new colour names, new phrasings) too."""
+    val = load_pairs("captions", args.val_split)
+    if "open-vocab" in args.data.split("+"):
+        val += load_pairs("open-vocab", args.val_split)
+    return val
+
+
 def _eval_only_pairs(args) -> List[Pair]:
     """The held-out pairs ``--eval-only`` evaluates on."""
     if _offline(args.data) and args.val_split:
-        return load_pairs("captions", args.val_split)
+        return _offline_val(args)
     if not _offline(args.data) and args.val_fraction > 0:
         return split_pairs(load_pairs(args.data, args.split, args.image_root), args.val_fraction, args.seed)[1]
     return []
@@ -121,7 +131,7 @@ def _train(args, backbone, mapper: ContextI2WMapper, out: Path, run_dir: Path, r
     train = load_pairs(args.data, args.split, args.image_root)
     val: List[Pair] = []
     if _offline(args.data):
-        val = load_pairs("captions", args.val_split) if args.val_split else []
+        val = _offline_val(args) if args.val_split else []
     elif args.val_fraction > 0:
         train, val = split_pairs(train, args.val_fraction, args.seed)
     if args.max_pairs:

@@ -109,13 +109,36 @@ def recoloured_pairs(split: str = "train") -> List[Pair]:
     return out
 
 
+def open_vocab_pairs(split: str = "train") -> List[Pair]:
+    """The open-vocabulary set's edited pictures (``engine.data.open_vocab``, one side) with a caption that
+    names the edit in that side's words: "teal hammer, a tool" (an XKCD colour), "hammer, a tool, after dark"
+    (a light edit in one of the side's phrasings). Context-I2W learns from captions, so the open vocabulary
+    reaches it as captions of edited pictures, not as triplets."""
+    from ...data.builders import ensure_built
+    from ...data.formats import image_path, load_split
+
+    ensure_built("open_vocab")  # the explicit build step (quick when built)
+    out, seen = [], set()
+    for rec in load_split("open_vocab", split):
+        cap = rec.get("reference_caption")
+        if not cap or rec["kind"] not in ("colour", "light") or rec["targets"][0] in seen:
+            continue
+        seen.add(rec["targets"][0])
+        text = f"{rec['attribute']} {cap}" if rec["kind"] == "colour" else f"{cap.rstrip('. ')}, {rec['phrase']}"
+        out.append(Pair(image_path("open_vocab", rec["targets"][0]), text))
+    return out
+
+
 def load_pairs(spec: str, split: str = "train", image_root: Optional[str] = None) -> List[Pair]:
-    """``captions`` (offline set, one split), ``recoloured`` (the offline CIR set's colour edits), several
+    """``captions`` (offline set, one split), ``recoloured`` (the offline CIR set's colour edits),
+    ``open-vocab`` (the open-vocabulary set's colour and light edits, :func:`open_vocab_pairs`), several
     of these joined by ``+``, a pair file, or a CC3M-style folder."""
     if "+" in spec and not Path(spec).exists():
         return [p for part in spec.split("+") for p in load_pairs(part, split, image_root)]
     if spec == "recoloured":
         return recoloured_pairs(split)
+    if spec == "open-vocab":
+        return open_vocab_pairs(split)
     if spec == "captions":
         from ...data import formats
         from ...data.builders import ensure_built

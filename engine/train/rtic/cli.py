@@ -15,7 +15,7 @@ from ...compose.rtic import RTIC, RTICConfig, count_parameters, save_rtic
 from ...config import Settings
 from ...data.cir_triplets import TripletSet
 from ...errors import InputError
-from .data import load_triplets, split_by_reference_group, synthetic_triplets, tone_set
+from .data import load_triplets, open_vocab_set, open_vocab_triplets, split_by_reference_group, synthetic_triplets, tone_set
 from .loop import train_rtic
 from .model import TrainConfig
 from .report import held_out
@@ -39,6 +39,13 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--tone-edits", action="store_true",
                     help="cir: also train on the training photos' black-and-white and night edits "
                          "(photo + 'at night' -> its night version; engine.data.tone)")
+    ap.add_argument("--open-vocab", action="store_true",
+                    help="cir: also train on the open-vocabulary operation set's train side (XKCD colours, light "
+                         "edits, category changes, compositional and undo triplets; engine.data.open_vocab) and "
+                         "report its val side (new words, new templates)")
+    ap.add_argument("--open-vocab-limit", type=int, default=0,
+                    help="with --open-vocab: at most this many of its training queries (0 = all)")
+    ap.add_argument("--open-vocab-eval", default="val", help="with --open-vocab: the side reported ('' = none)")
     ap.add_argument("--no-anchor", action="store_true",
                     help="cir: do not fit the prior anchor after training (engine.train.anchor_fit)")
     ap.add_argument("--max-targets", type=int, default=3,
@@ -103,6 +110,10 @@ class Sets:
     tone_trips: Optional[list] = None
     tone_gallery: Optional[list] = None
     n_tone: int = 0  # tone-edit training triplets
+    open: Optional[TripletSet] = None  # the open-vocabulary set's validation side (--open-vocab)
+    open_trips: Optional[list] = None
+    open_gallery: Optional[list] = None
+    n_open: int = 0  # open-vocabulary training queries
 
 
 def _synthetic_sets(args) -> Sets:
@@ -127,8 +138,15 @@ def _embedded_sets(args, device: str) -> Sets:
         tone_trips = tone_triplets(offline_cir_photos(args.train_split, hold_out=True))[0]
         n_tone = len(tone_trips)
         train_trips = train_trips + tone_trips
+    n_open = 0
+    if args.open_vocab:
+        open_trips = open_vocab_triplets("train", args.open_vocab_limit)
+        n_open = len(open_trips)
+        train_trips = train_trips + open_trips
     train = embed_triplets(backbone, train_trips, progress=progress, max_targets=args.max_targets)
-    sets = Sets(train, backbone.fingerprint, backbone.name, backbone, n_tone=n_tone)
+    sets = Sets(train, backbone.fingerprint, backbone.name, backbone, n_tone=n_tone, n_open=n_open)
+    if args.open_vocab and args.open_vocab_eval:
+        sets.open, sets.open_trips, sets.open_gallery = open_vocab_set(backbone, args.open_vocab_eval, progress=progress)
     if args.eval_split:
         sets.test_trips, sets.test_gallery = load_triplets(args, args.eval_split)
         sets.test = embed_triplets(backbone, sets.test_trips, progress=progress,
@@ -151,6 +169,7 @@ def _save(args, sets: Sets, result: dict, cfg: TrainConfig, metrics: dict, tone_
                  "held_out_all": metrics, "eval_split": args.eval_split,
                  # the same split's photos' tone edits (R@1 decides there: each photo has three versions)
                  "held_out_tone": tone_metrics, "tone_edits": bool(args.tone_edits),
+                 "open_vocab": bool(args.open_vocab),
                  "graph": result["graph"] if variant == "rtic+gcn" else None}
         if args.data == "cir":
             from ...data.heldout import HELD_OUT_SOURCES
@@ -173,6 +192,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return _memory(args)
     if args.tone_edits and args.data != "cir":
         raise InputError("--tone-edits needs --data cir: the tone edits are made from the offline CIR set's photos")
+    if args.open_vocab and args.data != "cir":
+        raise InputError("--open-vocab needs --data cir: the open-vocabulary set is made from the offline sets' photos")
     device = resolve_device(args.device)
     cfg = TrainConfig.from_dict({**vars(args), "device": device})
     sets = _synthetic_sets(args) if args.data == "synthetic" else _embedded_sets(args, device)
@@ -185,6 +206,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     run_dir.mkdir(parents=True, exist_ok=True)
     if sets.n_tone:
         print(f"tone edits: {sets.n_tone} of the training triplets (the {args.train_split} split's photos)")
+    if sets.n_open:
+        print(f"open vocabulary: {sets.n_open} of the training queries (engine.data.open_vocab, train side)")
     print(f"RTIC: {len(train)} training triplets, D={train.dim}, "
           f"{count_parameters(RTIC(model_cfg)):,} parameters, backbone {sets.fingerprint}")
     result = train_rtic(train, model_cfg, cfg, run_dir=run_dir, resume=args.resume, fingerprint=sets.fingerprint,
@@ -192,6 +215,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     metrics, by_kind = held_out(sets.test, sets.test_trips if args.data == "cir" else None, sets.test_gallery,
                                 result["models"])
     tone_metrics, tone_by_kind = held_out(sets.tone, sets.tone_trips, sets.tone_gallery, result["models"], "tone ")
+    open_metrics, open_by_kind = held_out(sets.open, sets.open_trips, sets.open_gallery, result["models"], "open ")
     if result["graph"]:
         print("graph:", json.dumps(result["graph"]))
     report: Dict[str, Any] = {
@@ -200,6 +224,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         "graph": result["graph"], "held_out": metrics, "held_out_by_kind": by_kind,
         "held_out_tone": tone_metrics, "held_out_tone_by_kind": tone_by_kind,
         "tone_edits": bool(args.tone_edits), "tone_triplets": sets.n_tone,
+        "open_vocab": bool(args.open_vocab), "open_vocab_queries": sets.n_open, "held_out_open": open_metrics,
+        "held_out_open_by_kind": open_by_kind, "open_vocab_eval": args.open_vocab_eval if args.open_vocab else "",
         "eval_split": args.eval_split, "backbone_fingerprint": sets.fingerprint, "data": args.data}
     (run_dir / "history.json").write_text(json.dumps(report, indent=2))
     if args.report:

@@ -1,6 +1,7 @@
 """RTIC training data: synthetic attribute-change triplets with a known answer, a split by reference group,
 and the triplets and galleries of the offline CIR set, JSONL, FashionIQ or CIRR (:func:`load_triplets`),
-with the tone-edit queries of the offline CIR set's photos (:func:`tone_set`)."""
+with the tone-edit queries of the offline CIR set's photos (:func:`tone_set`) and the open-vocabulary
+operation set (:func:`open_vocab_triplets`, :func:`open_vocab_set`)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -90,5 +91,27 @@ def tone_set(backbone, split: str, progress: bool = True):
     triplets, gallery = tone_triplets(offline_cir_photos(split, hold_out=True))
     if not triplets:
         raise InputError(f"the {split} split of the offline CIR set has no photos to make tone edits of")
+    data = embed_triplets(backbone, triplets, progress=progress, gallery=[p for p, _ in gallery])
+    return data, triplets, gallery
+
+
+def open_vocab_triplets(split: str, limit: int = 0):
+    """Triplets of one split of the open-vocabulary set (``engine.data.open_vocab``; built on first use by the
+    explicit build step), at most ``limit`` (a fixed sample; 0 = all)."""
+    from ...data.builders import ensure_built
+    from ...data.open_vocab import load_open_vocab
+
+    ensure_built("open_vocab")
+    return load_open_vocab(split, limit=limit)
+
+
+def open_vocab_set(backbone, split: str, limit: int = 0, progress: bool = True):
+    """One split of the open-vocabulary set embedded, against its gallery (every picture of the split in
+    every version): (TripletSet, triplets, gallery [(path, "open")])."""
+    from ...data.cir_triplets import embed_triplets
+    from ...data.open_vocab import open_vocab_gallery
+
+    triplets = open_vocab_triplets(split, limit)
+    gallery = open_vocab_gallery(split)
     data = embed_triplets(backbone, triplets, progress=progress, gallery=[p for p, _ in gallery])
     return data, triplets, gallery
