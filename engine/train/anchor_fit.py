@@ -137,21 +137,27 @@ def in_domain_set(backbone, composer, split: str = "val") -> FitSet:
 # -- banks ------------------------------------------------------------------------------------------------
 
 
-def bank_inputs(part: str) -> tuple:
-    """(texts, image files) the composer ``part`` trained on, held-out sources left out."""
+def bank_inputs(part: str, record: Optional[dict] = None) -> tuple:
+    """(texts, image files) the composer ``part`` trained on, held-out sources left out (with the
+    open-vocabulary set's train side when its ``record`` says it trained on it)."""
     from ..data.cir_triplets import load_offline_cir
 
     if part in ("rtic", "rtic+gcn"):
         from ..data.tone import TONE_TEXTS, offline_cir_photos
 
         trips = load_offline_cir("train", hold_out=True)
+        if (record or {}).get("open_vocab"):
+            from ..data.open_vocab import load_open_vocab
+
+            trips = trips + load_open_vocab("train")
         texts = sorted({t.text for t in trips} | {x for v in TONE_TEXTS.values() for x in v})
         images = sorted({t.reference for t in trips} | {str(p) for p in offline_cir_photos("train", hold_out=True)})
         return texts, images
     if part == "context-i2w":
         from .context_i2w import load_pairs
 
-        pairs = load_pairs("captions+recoloured", "train")
+        data = ((record or {}).get("training") or {}).get("data") or "captions+recoloured"  # what it trained on
+        pairs = load_pairs(str(data), "train")
         return sorted({p.caption for p in pairs}), sorted({str(p.path) for p in pairs})
     raise ValueError(f"no anchor for {part!r}")
 
@@ -257,7 +263,7 @@ def anchor_checkpoint(backbone, part: str, checkpoint_dir=None, progress: bool =
         raise ValueError(f"no anchor for {part!r}")
     path = _checkpoint_path(part, record, checkpoint_dir, backbone)
     composer.anchor = None                       # fit on the composer's own vectors
-    texts, images = bank_inputs(part)
+    texts, images = bank_inputs(part, record)
     anchor = build_banks(backbone, texts, images)
     suite = suite_set(backbone, composer)
     domain = in_domain_set(backbone, composer)
