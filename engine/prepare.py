@@ -52,6 +52,11 @@ SHARE = {"context-i2w": 0.45, "rtic": 0.20, "lattqe": 0.20, "ics": 0.15}
 ICS_BITS = 64
 PREPARE_CONFIG = {"ics": {"bits": ICS_BITS}}  # which checkpoint of a part prepare makes and looks for
 LATTQE_SETS = "emoji,photos"
+# the offline data sets each part reads (its trainer, and for the composers the prior anchor's fit, which also
+# reads the held-out-domain suite), built before training whichever parts are asked for and in whatever order;
+# "defaults" is the step that chooses the default method on the suite
+DATA_NEEDS = {"context-i2w": ("captions", "cir"), "rtic": ("cir", "captions"), "lattqe": ("labelled",),
+              "ics": ("multilabel",), "defaults": ("captions", "cir")}
 
 
 @dataclass
@@ -267,11 +272,15 @@ def prepare(backbone: str = "auto", out: Optional[os.PathLike] = None, parts: Se
     small = device != "cuda" and budget_min < 120
     rows: List[Row] = []
     todo = list(parts)
+    missing = build_data(parts, sources, quiet)
     while todo:
         part = todo.pop(0)
         t0 = time.perf_counter()
         status.state[part] = "preparing"
         try:
+            lacking = [missing[n] for n in DATA_NEEDS.get(part, ()) if n in missing]
+            if lacking and not (part == "context-i2w" and context_i2w_checkpoint):
+                raise InputError(lacking[0])
             row = _prepare_part(part, bb, spec, device, out, search, force, sources, small, quiet, deadline,
                                 todo, context_i2w_checkpoint, sha256, status, budget_min)
             status.state[part] = "available"
@@ -293,6 +302,36 @@ def prepare(backbone: str = "auto", out: Optional[os.PathLike] = None, parts: Se
                             "expansion defaults apply until `python -m engine eval generalise --side val --choose "
                             "--out DIR` runs"))
     return rows
+
+
+def data_needed(parts: Sequence[str], sources: Dict[str, str]) -> List[str]:
+    """The offline data sets ``parts`` read (:data:`DATA_NEEDS`), in order, each once; a part trained on
+    ``--data`` sources still needs the suite's sets for its anchor fit and the defaults step."""
+    names: List[str] = []
+    for part in [*parts, "defaults"] if any(p in ("rtic", "context-i2w") for p in parts) else parts:
+        for n in DATA_NEEDS.get(part, ()):
+            if n not in names:
+                names.append(n)
+    return names
+
+
+def build_data(parts: Sequence[str], sources: Dict[str, str], quiet: bool = False) -> Dict[str, str]:
+    """Builds (once, counted in the budget) every offline set the asked-for parts need. Returns {set: sentence}
+    for each set that could not be built: the sentence names the command that builds it and why it is needed
+    (the parts that need it then fail with it; the others go on)."""
+    from .data.builders import ensure_built
+    from .data.formats import build_command
+
+    missing: Dict[str, str] = {}
+    for name in data_needed(parts, sources):
+        try:
+            with contextlib.redirect_stderr(io.StringIO()) if quiet else contextlib.nullcontext():
+                ensure_built(name)
+        except Exception as exc:
+            users = ", ".join(p for p in parts if name in DATA_NEEDS.get(p, ())) or "the defaults step"
+            missing[name] = (f"the offline data set {name!r} that {users} needs could not be built "
+                             f"({exc.__class__.__name__}: {exc}); build it with: {build_command(name)}")
+    return missing
 
 
 def _prepare_defaults(bb, out: Path, search: str, force: bool) -> Row:

@@ -104,14 +104,22 @@ def held_out_photos(seed: int = SEED) -> List[dict]:
     return sorted(out, key=lambda r: str(r["image"]))
 
 
+# the offline sets the suite is made from: the held-out photos and their names (captions), the training
+# vocabulary it must avoid (cir, captions, and the open-vocabulary set's train words)
+SUITE_SETS = ("captions", "cir")
+
+
 def build_suite(side: str, seed: int = SEED, edit_root=None) -> Suite:
     """The ``side`` half of the suite (edited versions written once under the cache, like the tone edits)."""
     from ..data.heldout import training_texts
     from ..data.tone import edited_file
     from .generalise_open import open_queries
 
+    from ..data.builders import ensure_built
+
     if side not in SIDES:
         raise ValueError(f"side must be one of {SIDES}")
+    ensure_built(*SUITE_SETS)  # the explicit build step of everything that reads the suite (quick when built)
     photos = [p for p in held_out_photos(seed) if p["side"] == side]
     rng = np.random.default_rng([seed, SIDES.index(side)])
     items: Dict[str, Path] = {}
