@@ -15,6 +15,13 @@ written into the checkpoint's ``.json`` sidecar under ``"prepare"``. The plan is
 shared machine changes); the limit is enforced by :mod:`engine.train.budget`: a part's trainer ends at the
 last epoch that fits its share of the deadline.
 
+Before training, every offline data set the asked-for parts read is built (:data:`DATA_NEEDS`: a part's trainer,
+its prior anchor's fit and the defaults step), whichever parts are asked for and in whatever order. After
+training, the steps that read the held-out-domain suite run in the budget that is left, each only if some is
+left: the prior anchor of each composer trained (``engine.train.anchor_fit``), then the defaults (method, nQE).
+A step the budget leaves out is listed as skipped with the command that runs it. The run therefore ends within
+the budget plus the length of the last step it started (``python -m engine bench --only prepare-cost``).
+
 Resumable: a finished part is found and skipped on the next run; the plan of an unfinished run is kept in
 ``<cache>/prepare/<slug>/<part>/plan.json`` and reused (no second probe), and Context-I2W / RTIC continue
 from their saved training state. CUDA is used when present (``--device auto``).
@@ -168,8 +175,8 @@ def _argv(part: str, spec: str, device: str, out: Path, run_dir: Path, units: in
     else:
         (epochs,) = units
         a = [*common, "--data", "multilabel", "--bits", str(ICS_BITS), "--epochs", str(epochs), "--out", str(out)]
-    if probe and part in ("rtic", "context-i2w"):
-        a.append("--no-anchor")  # a probe only measures speed; the real run fits the prior anchor
+    if part in ("rtic", "context-i2w"):
+        a.append("--no-anchor")  # the prior anchor is its own step after training, within the budget (_prepare_anchor)
     if quiet and part in ("lattqe", "ics", "rtic", "context-i2w"):
         a.append("--quiet")
     return a
@@ -294,6 +301,13 @@ def prepare(backbone: str = "auto", out: Optional[os.PathLike] = None, parts: Se
             status.state[part], status.error[part] = "failed", row.error
         row.seconds = round(time.perf_counter() - t0, 1)
         rows.append(row)
+    for part in [r.part for r in rows if r.part in ("rtic", "context-i2w") and r.source == "trained"]:
+        if time.perf_counter() < deadline:
+            rows.append(_prepare_anchor(part, bb, search))
+        else:  # part of the budget like training; without it the composer is used as trained
+            rows.append(Row(f"anchor {part}", "skipped", error="the budget is spent: the composer is used without "
+                            f"its prior anchor until `python -m engine train anchor --composer {part} --checkpoints "
+                            f"{out}` runs"))
     if any(r.part in ("rtic", "context-i2w") and r.source != "failed" for r in rows):
         if time.perf_counter() < deadline:
             rows.append(_prepare_defaults(bb, out, search, force))
@@ -332,6 +346,21 @@ def build_data(parts: Sequence[str], sources: Dict[str, str], quiet: bool = Fals
             missing[name] = (f"the offline data set {name!r} that {users} needs could not be built "
                              f"({exc.__class__.__name__}: {exc}); build it with: {build_command(name)}")
     return missing
+
+
+def _prepare_anchor(part: str, bb, search: str) -> Row:
+    """Fits the prior anchor of the ``part`` checkpoint just trained (``engine.train.anchor_fit``)."""
+    t0 = time.perf_counter()
+    try:
+        from .train.anchor_fit import anchor_checkpoint
+
+        report = anchor_checkpoint(bb, part, search, progress=False)
+        cfg = report.get("config", {})
+        row = Row(f"anchor {part}", "fitted", held_out=f"weight {cfg.get('weight', 0):g} (suite val + in-domain val)")
+    except Exception as exc:  # the composer is usable without it
+        row = Row(f"anchor {part}", "failed", error=f"{exc.__class__.__name__}: {exc}"[:300])
+    row.seconds = round(time.perf_counter() - t0, 1)
+    return row
 
 
 def _prepare_defaults(bb, out: Path, search: str, force: bool) -> Row:

@@ -43,6 +43,7 @@ TOLERANCE = 1.0
 WEIGHTS = (0.25, 0.5, 0.75, 1.0)
 QUANTILES = (0.02, 0.1, 0.25, 0.5)
 WIDTHS = (0.0, 0.02, 0.05, 0.1, 0.2)
+TAU_GRID = np.linspace(0.0, 1.0, 21)  # the fit evaluates the blend at these shares (steps of 0.05)
 
 
 @dataclass
@@ -206,13 +207,18 @@ def fit(anchor: Anchor, suite: FitSet, domain: FitSet, tolerance: float = TOLERA
     prior_suite = kind_scores(suite.ranks_of_scores(feats[suite.name][2]), suite.kinds)
     prior_domain = r10(domain.ranks_of_scores(feats[domain.name][2]))
     fv_in = feats[domain.name][1].numpy()
+    # each query's rank at every tau of TAU_GRID, computed once: a setting then only looks its taus up (tau
+    # rounded to the grid's step for the fit; the composer applies the exact tau)
+    table = {s.name: np.stack([s.ranks_of_scores((1 - t) * feats[s.name][2] + t * feats[s.name][3])
+                               for t in TAU_GRID], axis=1) for s in (suite, domain)}
 
     def score(cfg: AnchorConfig):
         out = {}
         for s in (suite, domain):
-            ft, fv, sp, sl = feats[s.name]
+            ft, fv, _, _ = feats[s.name]
             tau = cfg.weight * ramp(ft[cfg.op], cfg.text_lo, cfg.text_hi) * ramp(fv, cfg.image_lo, cfg.image_hi)
-            out[s.name] = s.ranks_of_scores((1 - tau)[:, None] * sp + tau[:, None] * sl)
+            col = np.rint(tau.numpy() * (len(TAU_GRID) - 1)).astype(np.int64)
+            out[s.name] = table[s.name][np.arange(len(col)), col]
         ks = kind_scores(out[suite.name], suite.kinds)
         return ks, r10(out[domain.name])
 
