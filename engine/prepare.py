@@ -18,7 +18,8 @@ last epoch that fits its share of the deadline.
 Before training, every offline data set the asked-for parts read is built (:data:`DATA_NEEDS`: a part's trainer,
 its prior anchor's fit and the defaults step), whichever parts are asked for and in whatever order. After
 training, the steps that read the held-out-domain suite run in the budget that is left, each only if some is
-left: the prior anchor of each composer trained (``engine.train.anchor_fit``), then the defaults (method, nQE).
+left (at least :data:`SUITE_STEP_S`): the prior anchor of each composer trained (``engine.train.anchor_fit``),
+then the defaults (method, nQE).
 A step the budget leaves out is listed as skipped with the command that runs it. The run therefore ends within
 the budget plus the length of the last step it started (``python -m engine bench --only prepare-cost``).
 
@@ -189,6 +190,9 @@ PROBE = {"context-i2w": (128, 1), "rtic": (1,), "lattqe": (1, 128), "ics": (5,)}
 _BB: Dict[str, object] = {}
 
 
+# a step that reads the held-out-domain suite (a prior anchor's fit, the defaults) starts only with at least this
+# much of the budget left (it embeds the suite's photos once per backbone and ranks every setting)
+SUITE_STEP_S = 120.0
 SAFETY = 0.5  # plan 50 % of the share: the machine's load can change between the probe and the run
 EVAL_RESERVE = 0.2  # training must end this share of a part's time before its end: evaluation and writing
 
@@ -302,14 +306,14 @@ def prepare(backbone: str = "auto", out: Optional[os.PathLike] = None, parts: Se
         row.seconds = round(time.perf_counter() - t0, 1)
         rows.append(row)
     for part in [r.part for r in rows if r.part in ("rtic", "context-i2w") and r.source == "trained"]:
-        if time.perf_counter() < deadline:
-            rows.append(_prepare_anchor(part, bb, search))
+        if deadline - time.perf_counter() >= SUITE_STEP_S:
+            rows.append(_prepare_anchor(part, bb, search, out))
         else:  # part of the budget like training; without it the composer is used as trained
             rows.append(Row(f"anchor {part}", "skipped", error="the budget is spent: the composer is used without "
                             f"its prior anchor until `python -m engine train anchor --composer {part} --checkpoints "
                             f"{out}` runs"))
     if any(r.part in ("rtic", "context-i2w") and r.source != "failed" for r in rows):
-        if time.perf_counter() < deadline:
+        if deadline - time.perf_counter() >= SUITE_STEP_S:
             rows.append(_prepare_defaults(bb, out, search, force))
         else:  # part of the budget like training; the fallback defaults hold until it runs
             rows.append(Row("defaults", "skipped", error="the budget is spent: the weighted sum and the fallback "
@@ -348,13 +352,18 @@ def build_data(parts: Sequence[str], sources: Dict[str, str], quiet: bool = Fals
     return missing
 
 
-def _prepare_anchor(part: str, bb, search: str) -> Row:
-    """Fits the prior anchor of the ``part`` checkpoint just trained (``engine.train.anchor_fit``)."""
+def _prepare_anchor(part: str, bb, search: str, out: Path) -> Row:
+    """Fits the prior anchor of the ``part`` checkpoint just trained (``engine.train.anchor_fit``); the
+    sidecar keeps its ``prepare`` plan (the fit writes the checkpoint again)."""
     t0 = time.perf_counter()
     try:
         from .train.anchor_fit import anchor_checkpoint
 
+        side = target_path(part, bb, out).with_suffix(".json")
+        plan = json.loads(side.read_text()).get("prepare") if side.is_file() else None
         report = anchor_checkpoint(bb, part, search, progress=False)
+        if plan:
+            _annotate(side.with_suffix(".safetensors"), plan)
         cfg = report.get("config", {})
         row = Row(f"anchor {part}", "fitted", held_out=f"weight {cfg.get('weight', 0):g} (suite val + in-domain val)")
     except Exception as exc:  # the composer is usable without it

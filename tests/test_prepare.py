@@ -13,6 +13,38 @@ def empty_checkpoints(tmp_path, monkeypatch):
     return tmp_path
 
 
+@pytest.fixture
+def empty_cache(tmp_path, monkeypatch):
+    """A cache with nothing in it: no offline data set, no feature table, no prepared part (a fresh machine)."""
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("CIS_CACHE_DIR", str(cache))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    return cache
+
+
+@pytest.mark.parametrize("part", ["rtic", "context-i2w"])
+def test_prepare_one_composer_alone_on_an_empty_cache_builds_what_it_needs(part, empty_checkpoints, empty_cache,
+                                                                           capsys):
+    """A Space that prepares only one part, on a fresh machine: prepare builds every offline set that part
+    (its trainer, its anchor fit, the defaults step) reads, trains it, and ends near its budget."""
+    from engine.backbones import create_backbone
+    from engine.data.builders import is_built
+    from engine.prepare import DATA_NEEDS, data_needed
+
+    assert set(DATA_NEEDS[part]) <= set(data_needed([part], {}))
+    assert {"captions", "cir"} <= set(data_needed([part], {}))  # the anchor fit and defaults read the suite
+    assert not any(is_built(n) for n in data_needed([part], {}))
+    out = empty_checkpoints / "prepared"
+    rc = main(["--backbone", "tiny", "--out", str(out), "--parts", part, "--budget-min", "1", "--force", "--quiet"])
+    printed = capsys.readouterr().out
+    assert rc == 0, printed
+    assert all(is_built(n) for n in data_needed([part], {}))
+    assert find_existing(part, create_backbone("tiny", "cpu"), str(out)) is not None
+    assert f"| {part} | trained |" in printed
+    # the steps that read the suite ran or were skipped with the command that runs them: never a failure
+    assert "failed" not in printed
+
+
 def test_prepare_tiny_small_budget_writes_found_checkpoints(empty_checkpoints, capsys):
     from engine.backbones import create_backbone
 
