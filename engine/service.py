@@ -49,13 +49,15 @@ def _open_default_engine(settings: Settings, progress=None) -> SearchEngine:
         try:
             return open_engine(out, backbone=backbone, settings=settings)
         except IndexLoadError as exc:
-            if (Path(out) / "CURRENT").exists():
+            first = not (Path(out) / "CURRENT").exists()
+            if not first:
                 log.warning("rebuilding the gallery index at %s (%s)", out, exc)
-            else:
-                log.warning("building the gallery index (first start) at %s", out)
         from .prebuilt import seed_index
 
-        seed_index(settings.gallery, out, backbone)  # the bundled gallery's prebuilt embeddings, when they fit
+        seeded = seed_index(settings.gallery, out, backbone)  # the bundled gallery's prebuilt embeddings, when they fit
+        if first:
+            log.info("first start: indexing the gallery %s", "from its prebuilt embeddings (nothing to embed)"
+                     if seeded else "(embedding every photo once)")
         index_source(settings.gallery, out, backbone, settings=settings, progress=progress)  # + thumbnails
         return open_engine(out, backbone=backbone, settings=settings)
 

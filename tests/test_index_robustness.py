@@ -70,7 +70,11 @@ def test_damaged_thumbnail_is_rebuilt_by_the_next_run(small_gallery, tiny, tmp_p
     from engine.index.build import index_source
 
     out = tmp_path / "idx"
-    index = index_source(small_gallery, out, tiny, workers=0)
+    with caplog.at_level(logging.INFO):
+        index = index_source(small_gallery, out, tiny, workers=0)
+    first = [r.getMessage() for r in caplog.records]
+    assert not [m for m in first if "repaired" in m or "damaged" in m]  # a first build repairs nothing
+    caplog.clear()
     sums = json.loads((out / "thumbs" / "checksums.json").read_text())
     assert len(sums) == len(index.items) == 8
     victim = out / "thumbs" / (index.items[3]["sha256"][:20] + ".jpg")
@@ -84,4 +88,4 @@ def test_damaged_thumbnail_is_rebuilt_by_the_next_run(small_gallery, tiny, tmp_p
         index_source(small_gallery, out, tiny, workers=0)
     assert victim.read_bytes() == good
     assert (out / "thumbs" / (index.items[5]["sha256"][:20] + ".jpg")).is_file()
-    assert any("rebuilt 2 damaged or missing thumbnails" in r.getMessage() for r in caplog.records)
+    assert any("repaired 2 damaged or missing thumbnails" in r.getMessage() for r in caplog.records)

@@ -180,7 +180,7 @@ def repair_thumbnails(source: Path, thumbs: Path, items: List[dict], max_pixels:
     except (OSError, ValueError):
         sums = {}
     fresh: Dict[str, str] = {}
-    rebuilt = 0
+    rebuilt = damaged = 0
     for it in items:
         name = it["sha256"][:20] + ".jpg"
         path = thumbs / name
@@ -205,11 +205,14 @@ def repair_thumbnails(source: Path, thumbs: Path, items: List[dict], max_pixels:
             atomic_write_bytes(path, data)
             digest = hashlib.sha256(data).hexdigest()
             rebuilt += 1
+            damaged += name in sums  # recorded before, now missing or changed: a repair, not a first make
         fresh[name] = digest
     if rebuilt or fresh != sums:
         atomic_write_text(sums_path, json.dumps(fresh, sort_keys=True))
-    if rebuilt:
-        log.warning("rebuilt %d damaged or missing thumbnails", rebuilt)
+    if damaged:
+        log.warning("repaired %d damaged or missing thumbnails", damaged)
+    if rebuilt - damaged:
+        log.info("made %d thumbnails", rebuilt - damaged)
     return rebuilt
 
 
