@@ -225,3 +225,69 @@ def test_fit_turns_operation_familiarity_on_when_new_words_of_known_operations_h
     assert report["prior"]["suite_val_kinds"]["a"] < 50 and report["prior"]["suite_val_kinds"]["b"] == 100.0
     assert cfg.op == 1.0 and cfg.weight >= 0.5
     assert report["chosen"]["suite_val_kinds"] == {"a": 100.0, "b": 100.0}
+
+
+def test_router_texts_cover_the_operations_and_are_the_same_every_time():
+    from engine.train.router import operation_texts
+
+    texts = operation_texts(per_class=60)
+    classes = {c for _, c in texts}
+    assert {"colour", "category", "light:night", "light:bw", "undo", "compose-object"} <= classes
+    assert texts == operation_texts(per_class=60)  # seeded: a refit reads the same texts
+    assert max(sum(c == k for _, c in texts) for k in classes) <= 60
+
+
+def test_fit_routes_trust_by_operation_when_only_the_operation_tells_where_the_learned_part_helps():
+    """Two operations on the suite: A (the learned vectors hit), B (they miss, the prior hits); their texts
+    differ only in the coordinate the router reads. The routed fit gives A full trust and B none."""
+    from engine.compose.router import Router
+    from engine.train.anchor_fit import fit
+
+    torch.manual_seed(3)
+    d = 16
+    img = F.normalize(torch.randn(60, d), dim=-1)
+    base = F.normalize(torch.randn(60, d), dim=-1) * 0.3
+    txt = base.clone()
+    txt[:30, 0] += 1.0   # operation A
+    txt[30:, 1] += 1.0   # operation B
+    txt = F.normalize(txt, dim=-1)
+    p = prior(img, txt, 0.5)
+    wrong = F.normalize(torch.randn(60, d), dim=-1)
+    gallery = torch.cat([p, wrong, F.normalize(torch.randn(60, d), dim=-1)])
+    learned = torch.cat([gallery[120:150], wrong[30:]])
+    targets = [[120 + i] for i in range(30)] + [[30 + i] for i in range(30)]
+    suite = _set("suite val", img, txt, learned, gallery, targets, ["a"] * 30 + ["b"] * 30)
+    dom = _set("cir val", img[:30], txt[:30], gallery[120:150], gallery, [[120 + i] for i in range(30)], ["x"] * 30)
+    w = torch.zeros(2, d)
+    w[0, 0], w[1, 1] = 20.0, 20.0
+    router = Router(w, torch.zeros(2), ["op-a", "op-b"])
+    anchor = Anchor(AnchorConfig(weight=0.0), router=router)  # no text bank: familiarity cannot tell A from B
+    cfg, report = fit(anchor, suite, dom)
+    assert cfg.route == 1.0 and report["routes"]["chosen"]
+    assert report["routes"]["trust"]["op-a"] >= 0.75 and report["routes"]["trust"]["op-b"] == 0.0
+    assert report["chosen"]["suite_val_kinds"]["a"] == 100.0 and report["chosen"]["suite_val_kinds"]["b"] == 100.0
+    anchor.config = cfg
+    tau = anchor.trust(img, txt)
+    assert float(tau[:30].min()) >= 0.7 and float(tau[30:].max()) < 0.05
+
+
+def test_a_routed_anchor_round_trips_in_the_checkpoint_and_explains_the_operation(tmp_path, tiny):
+    from engine.compose.router import Router
+
+    d = tiny.embed_dim
+    torch.manual_seed(0)
+    router = Router(torch.randn(3, d), torch.zeros(3), ["colour", "category", "light:night"],
+                    torch.tensor([1.0, 0.25, 0.0]))
+    anchor = Anchor(AnchorConfig(weight=1.0, route=1.0), router=router)
+    model = RTIC(RTICConfig(dim=d, n_blocks=1)).eval()
+    path = save_rtic(tmp_path / "rtic-r.safetensors", model, tiny.fingerprint, tiny.name, anchor=anchor)
+    _, record = load_rtic(path, tiny.fingerprint)
+    back = load_anchor(path, record)
+    assert back.routed and back.router.classes == router.classes
+    assert torch.allclose(back.router.trust, router.trust) and torch.allclose(back.router.weight, router.weight)
+    comp = RTICComposer(tiny, model, record, anchor=back)
+    img = F.normalize(torch.randn(d), dim=0)
+    out = comp.compose(Query(text="make it red", image_embedding=img, has_image=True))
+    t = tiny.encode_texts(["make it red"]).embeddings.float()
+    assert out.explanation["trust"] == pytest.approx(float(router.share(t)[0]), abs=1e-4)
+    assert out.explanation["operation"]["name"] in router.classes

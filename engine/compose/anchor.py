@@ -72,6 +72,7 @@ class AnchorConfig:
     image_hi: float = -1.0
     alpha: float = 0.5          # the prior's text weight
     op: float = 0.0             # 1: text familiarity is operation familiarity (content words masked)
+    route: float = 0.0          # 1: the share is the operation router's (engine.compose.router) times the image ramp
 
     @classmethod
     def from_dict(cls, data: dict) -> "AnchorConfig":
@@ -80,7 +81,7 @@ class AnchorConfig:
 
     def to_dict(self) -> dict:
         """The record's ``anchor``; ``op`` only when on (records written before it existed stay the same)."""
-        return {k: round(float(v), 6) for k, v in asdict(self).items() if k != "op" or v}
+        return {k: round(float(v), 6) for k, v in asdict(self).items() if k not in ("op", "route") or v}
 
 
 def ramp(f: torch.Tensor, lo: float, hi: float) -> torch.Tensor:
@@ -109,12 +110,17 @@ class Anchor:
 
     def __init__(self, config: Optional[AnchorConfig] = None, text_bank: Optional[torch.Tensor] = None,
                  image_bank: Optional[torch.Tensor] = None, op_bank: Optional[torch.Tensor] = None,
-                 vocab: Sequence[str] = ()):
+                 vocab: Sequence[str] = (), router=None):
         self.config = config or AnchorConfig()
         self.text_bank = None if text_bank is None else F.normalize(text_bank.float(), dim=-1)
         self.image_bank = None if image_bank is None else F.normalize(image_bank.float(), dim=-1)
         self.op_bank = None if op_bank is None else F.normalize(op_bank.float(), dim=-1)
         self.vocab = frozenset(vocab)
+        self.router = router  # engine.compose.router.Router or None
+
+    @property
+    def routed(self) -> bool:
+        return bool(self.config.route) and self.router is not None
 
     @property
     def uses_operations(self) -> bool:
@@ -134,6 +140,8 @@ class Anchor:
         """(B,) the share tau of the learned correction for each query."""
         c = self.config
         ft, fv = self.familiarities(image, text, op_text)
+        if self.routed:
+            return self.router.share(text) * ramp(fv, c.image_lo, c.image_hi)
         return c.weight * ramp(ft, c.text_lo, c.text_hi) * ramp(fv, c.image_lo, c.image_hi)
 
     def blend(self, image: torch.Tensor, text: torch.Tensor, learned: torch.Tensor,
@@ -147,18 +155,24 @@ class Anchor:
                       op_text: Optional[torch.Tensor] = None):
         """(blended (B, D), explanation of the first query: familiarities, trust, formula)."""
         ft, fv = self.familiarities(image, text, op_text)
-        c = self.config
-        tau = c.weight * ramp(ft, c.text_lo, c.text_hi) * ramp(fv, c.image_lo, c.image_hi)
+        tau = self.trust(image, text, op_text)
         expl = {"anchor": "q = normalise((1 - tau) * weighted sum + tau * learned)",
                 "trust": round(float(tau[0]), 4), "text_familiarity": round(float(ft[0]), 4),
                 "image_familiarity": round(float(fv[0]), 4)}
-        if self.uses_operations and op_text is not None:
+        if self.routed:
+            name, prob = self.router.top(text)
+            expl["operation"] = {"name": name, "probability": round(prob, 3),
+                                 "trust": round(float(self.router.trust[self.router.classes.index(name)]), 3)}
+        elif self.uses_operations and op_text is not None:
             expl["familiarity_of"] = "the operation (content words masked)"
         return self.blend(image, text, learned, tau), expl
 
     def record_extra(self) -> dict:
         """What the composer's record stores beside ``anchor`` (the config)."""
-        return {"anchor_vocab": sorted(self.vocab)} if self.vocab else {}
+        out = {"anchor_vocab": sorted(self.vocab)} if self.vocab else {}
+        if self.router is not None:
+            out["anchor_routes"] = list(self.router.classes)
+        return out
 
     # -- storage inside the composer's checkpoint ---------------------------------------------------------
 
@@ -170,6 +184,8 @@ class Anchor:
             out[PREFIX + "image_bank"] = self.image_bank.contiguous()
         if self.op_bank is not None:
             out[PREFIX + "op_bank"] = self.op_bank.contiguous()
+        if self.router is not None:
+            out.update(self.router.tensors(PREFIX))
         return out
 
 
@@ -203,10 +219,16 @@ def load_anchor(path, record: dict) -> Optional[Anchor]:
             text = f.get_tensor(PREFIX + "text_bank") if PREFIX + "text_bank" in keys else None
             image = f.get_tensor(PREFIX + "image_bank") if PREFIX + "image_bank" in keys else None
             ops = f.get_tensor(PREFIX + "op_bank") if PREFIX + "op_bank" in keys else None
+            route = {k: f.get_tensor(PREFIX + k) for k in ("route_w", "route_b", "route_trust") if PREFIX + k in keys}
         vocab = record.get("anchor_vocab") or ()
         if not (isinstance(vocab, (list, tuple)) and all(isinstance(w, str) for w in vocab)):
             raise ValueError("anchor_vocab is not a list of words")
-        return Anchor(AnchorConfig.from_dict(record["anchor"]), text, image, ops, vocab)
+        router = None
+        if len(route) == 3:
+            from .router import Router
+
+            router = Router(route["route_w"], route["route_b"], record.get("anchor_routes") or [], route["route_trust"])
+        return Anchor(AnchorConfig.from_dict(record["anchor"]), text, image, ops, vocab, router)
     except Exception as exc:
         raise CheckpointError(f"{Path(path).name}: its prior anchor cannot be read ({exc.__class__.__name__})") from None
 

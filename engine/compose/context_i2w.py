@@ -269,7 +269,7 @@ def build_prompt(config: ContextI2WConfig, text: Optional[str]) -> str:
 
 # keys of a mapper's record made from the mapper, the backbone and the anchor, never taken from the figures
 # given to save_context_i2w (so a loaded record can be passed back, as engine.train.anchor_fit does)
-_OWN_KEYS = ("placeholder", "placeholder_id", "parameters", "stored_dtype", "anchor", "anchor_vocab")
+_OWN_KEYS = ("placeholder", "placeholder_id", "parameters", "stored_dtype", "anchor", "anchor_vocab", "anchor_routes")
 
 
 def _recipe_and_validation(training) -> Tuple[dict, Optional[dict]]:

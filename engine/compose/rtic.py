@@ -189,7 +189,7 @@ def save_rtic(path: os.PathLike, model: RTIC, fingerprint: str, backbone_name: s
         raise ValueError(f"unknown RTIC variant {variant!r}; use one of {VARIANTS}")
     recipe = extra.get("recipe") or extra.get("train_config")
     validation = extra.get("validation")
-    figures = figures_of(extra, "anchor", "anchor_vocab", "train_config")  # the record's own keys are made again
+    figures = figures_of(extra, "anchor", "anchor_vocab", "anchor_routes", "train_config")  # made again below
     record = make_record(variant, fingerprint, asdict(model.config), recipe, validation, backbone_name, **figures)
     state = dict(model.state_dict())
     if anchor is not None:

@@ -43,7 +43,8 @@ TOLERANCE = 1.0
 WEIGHTS = (0.25, 0.5, 0.75, 1.0)
 QUANTILES = (0.02, 0.1, 0.25, 0.5)
 WIDTHS = (0.0, 0.02, 0.05, 0.1, 0.2)
-TAU_GRID = np.linspace(0.0, 1.0, 21)  # the fit evaluates the blend at these shares (steps of 0.05)
+TAU_GRID = np.linspace(0.0, 1.0, 21)
+ROUTE_VALUES = (0.0, 0.25, 0.5, 0.75, 1.0)  # the trust an operation of the router can get  # the fit evaluates the blend at these shares (steps of 0.05)
 
 
 @dataclass
@@ -236,6 +237,11 @@ def fit(anchor: Anchor, suite: FitSet, domain: FitSet, tolerance: float = TOLERA
         total = float(np.mean(list(ks.values()))) + dom
         if total > best[0] + 1e-9:
             best_cfg, best = cfg, (total, ks, dom)
+    routed = None
+    if anchor.router is not None:
+        routed = _fit_routes(anchor, suite, domain, feats, table, prior_suite, tolerance, best_cfg)
+        if routed[0] > best[0] + 1e-9:
+            best_cfg, best = routed[1], routed[0:1] + routed[2:]
     full_ks, full_dom = score(AnchorConfig(1.0, alpha=anchor.config.alpha))
     report = {"rule": f"no suite-val kind below the prior by more than {tolerance} points; then max suite overall "
                       "+ in-domain R@10", "settings_tried": tried,
@@ -243,7 +249,45 @@ def fit(anchor: Anchor, suite: FitSet, domain: FitSet, tolerance: float = TOLERA
               "unanchored": {"suite_val_kinds": _r(full_ks), "in_domain_r10": round(full_dom, 2)},
               "chosen": {"suite_val_kinds": _r(best[1]), "in_domain_r10": round(best[2], 2)},
               "in_domain_set": domain.name, "suite_set": suite.name}
+    if routed is not None:
+        report["routes"] = {"chosen": bool(best_cfg.route), "trust": dict(zip(anchor.router.classes,
+                            [round(float(v), 2) for v in routed[4]])), "total": round(routed[0], 2)}
+        if best_cfg.route:
+            anchor.router.trust = torch.tensor(routed[4], dtype=torch.float32)
     return best_cfg, report
+
+
+def _fit_routes(anchor: Anchor, suite: FitSet, domain: FitSet, feats: dict, table: dict, prior_suite: dict,
+                tolerance: float, start: AnchorConfig, passes: int = 3) -> tuple:
+    """Coordinate ascent on the router's per-operation trust (values of :data:`ROUTE_VALUES`), the image ramp of
+    ``start`` kept, by the same rule as the global fit. Returns (total, config, kinds, in-domain R@10, trust)."""
+    probs = {s.name: anchor.router.probabilities(s.text) for s in (suite, domain)}
+    cfg = AnchorConfig(1.0, -1.0, -1.0, start.image_lo, start.image_hi, anchor.config.alpha, 0.0, 1.0)
+
+    def evaluate(trust: np.ndarray):
+        out = {}
+        for s in (suite, domain):
+            tau = (probs[s.name] @ torch.from_numpy(trust).float()) * ramp(feats[s.name][1], cfg.image_lo, cfg.image_hi)
+            col = np.rint(tau.numpy() * (len(TAU_GRID) - 1)).astype(np.int64)
+            out[s.name] = table[s.name][np.arange(len(col)), col]
+        ks = kind_scores(out[suite.name], suite.kinds)
+        ok = not any(ks[k] < prior_suite[k] - tolerance for k in prior_suite)
+        return (float(np.mean(list(ks.values()))) + r10(out[domain.name]) if ok else -np.inf), ks, r10(out[domain.name])
+
+    trust = np.zeros(len(anchor.router.classes))
+    best = evaluate(trust)
+    for _ in range(passes):
+        moved = False
+        for k in range(len(trust)):
+            for v in ROUTE_VALUES:
+                trial = trust.copy()
+                trial[k] = v
+                res = evaluate(trial)
+                if res[0] > best[0] + 1e-9:
+                    trust, best, moved = trial, res, True
+        if not moved:
+            break
+    return best[0], cfg, best[1], best[2], trust
 
 
 def _r(d: dict) -> dict:
@@ -274,7 +318,13 @@ def anchor_checkpoint(backbone, part: str, checkpoint_dir=None, progress: bool =
     suite = suite_set(backbone, composer)
     domain = in_domain_set(backbone, composer)
     with_operations(backbone, anchor, suite, domain)
+    from .router import operation_texts, train_router
+
+    anchor.router, router_acc = train_router(backbone, operation_texts())
     cfg, report = fit(anchor, suite, domain)
+    if not cfg.route:
+        anchor.router = None  # not chosen: nothing stored
+    report["router_train_accuracy"] = round(router_acc, 3)
     anchor.config = cfg
     report.update(config=cfg.to_dict(), text_bank=len(texts), image_bank=int(anchor.image_bank.shape[0]),
                   command=f"python -m engine train anchor --composer {part}")
