@@ -15,15 +15,21 @@ from engine.search import SearchEngine, SearchResponse
 LABELS, EXPANDER_LABELS = METHOD_LABELS, EXPAND_LABELS  # the engine's one table, under the names demo/ uses
 
 
-_MD_SPECIAL = {c: f"&#{ord(c)};" for c in "\\`*_{}[]()#+-!|~:@."}
+# Characters Markdown reads as syntax wherever they stand (emphasis, code, links and images, tables, strike,
+# e-mail autolinks); ``(``, ``)``, ``+``, ``-``, ``.`` and ``:`` only matter next to these, and stay as typed
+_MD_SPECIAL = {c: f"&#{ord(c)};" for c in "\\`*_{}[]#!|~@"}
 _MD_TABLE = str.maketrans(_MD_SPECIAL)
+_AUTOLINK = re.compile(r"(?i)(://|www\.)")  # the two autolink starts of GitHub Markdown, broken up
 
 
 def esc(text) -> str:
-    """User or file text made inert in both HTML and Markdown: HTML is escaped, and every character that
-    Markdown could read as syntax (links, images, emphasis, code, tables, autolinks via ``:`` and ``@``)
-    becomes a numeric character reference, which renders as the character itself."""
-    return html.escape(str(text if text is not None else ""), quote=True).translate(_MD_TABLE)
+    """User or file text made inert in both HTML and Markdown, changed no more than that: ``<``, ``>``, ``&`` and
+    ``"`` become HTML references (every attribute here is double-quoted), the characters Markdown reads as syntax
+    anywhere become numeric references (which render as the characters), and autolink starts (``://``, ``www.``)
+    are broken up. An apostrophe, brackets, plus signs and full stops stay as typed, so a label such as
+    "Image + text (weighted sum)" reaches a page or an API client as it is written."""
+    out = html.escape(str(text if text is not None else ""), quote=False).replace('"', "&quot;").translate(_MD_TABLE)
+    return _AUTOLINK.sub(lambda m: m.group(1).replace("/", "&#47;").replace(".", "&#46;"), out)
 
 
 def code(text) -> str:

@@ -338,7 +338,10 @@ def test_formatting_escapes_every_user_string():
     from engine.search import Result, SearchResponse
 
     assert esc('<a href="x">&</a>') == "&lt;a href=&quot;x&quot;&gt;&amp;&lt;/a&gt;"
-    assert esc("[a](https://e.x)") == "&#91;a&#93;&#40;https&#58;//e&#46;x&#41;"  # Markdown inert too
+    assert esc("[a](https://e.x)") == "&#91;a&#93;(https:&#47;&#47;e.x)"  # Markdown inert too: no link, no autolink
+    assert esc("www.e.x and a@b.c") == "www&#46;e.x and a&#64;b.c"
+    # text a person reads (a label, a caption) comes out as written: no references where none are needed
+    assert esc("Image + text (weighted sum)") == "Image + text (weighted sum)" and esc("It's a cep") == "It's a cep"
     assert esc(None) == "" and esc(3) == "3"
     for bad in HOSTILE:
         resp = SearchResponse(
@@ -380,3 +383,18 @@ def test_backbone_and_upload_messages_are_escaped(gallery_engine, tmp_path, sess
         from engine.service import drop_session_engine
 
         drop_session_engine(eng)
+
+
+def test_what_a_person_or_api_client_reads_has_no_character_references():
+    """The explanation and the results table carry labels and captions as written (#33: the API returned
+    ``Image &#43; text &#40;weighted sum&#41;`` and the table ``It&#x27;s a cep``)."""
+    from demo.formatting import LABELS, explanation_markdown, why_table_markdown
+    from engine.search import Result, SearchResponse
+
+    resp = SearchResponse(results=[Result(rank=1, id=0, path="food/cep.jpg", score=0.5, caption="It's a cep")],
+                          timings_ms={"total": 1.0}, method="sum", expand="none",
+                          explanation={"composer": {"formula": "q = normalise(a * img + (1 - a) * txt)"}})
+    md = explanation_markdown(resp)
+    assert LABELS["sum"] in md and "&#43;" not in md and "&#40;" not in md and "&#x27;" not in md
+    table = why_table_markdown(resp.to_json())
+    assert "It's a cep" in table and "&#x27;" not in table
