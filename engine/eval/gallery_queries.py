@@ -1,8 +1,8 @@
 """Natural queries on the bundled gallery: the ``gallery-queries`` section of ``python -m engine eval offline``.
 
 A fixed list of queries a person would type on the page (``assets/gallery/queries.json``: a reference photo, a
-sentence, and the gallery photos that answer it, judged once by eye from the pictures, never from a method's
-results). Every method answers each query through the one ``search()`` the page uses (reference left out,
+sentence, and the gallery photos that answer it, taken from the gallery's own labels and file names, which were
+assigned by eye when the gallery was built, never from a method's results). Every method answers each query through the one ``search()`` the page uses (reference left out,
 top 5); the section counts the right answers in the top 5 per method, says how often each learned correction
 was used, and how many of a method's top-5 lists are the weighted sum's own (what compare mode would show as
 identical columns).
@@ -85,8 +85,8 @@ def evaluate(engine, queries: List[dict], methods: Optional[List[str]] = None, k
 
 def markdown(res: dict, n: int, fingerprint: str) -> str:
     kinds = sorted({k for r in res.values() for k in r["by_kind"]})
-    lines = [f"{n} natural queries on the bundled gallery (`assets/gallery/queries.json`, right answers judged once "
-             f"by eye); top {TOP} of the one `search()` the page uses, reference left out; backbone `{fingerprint}`. "
+    lines = [f"{n} natural queries on the bundled gallery (`assets/gallery/queries.json`, right answers from the "
+             f"gallery's labels); top {TOP} of the one `search()` the page uses, reference left out; backbone `{fingerprint}`. "
              "Cells: right answers found / possible.", "",
              "| method | all | " + " | ".join(kinds) + " | learned part used | top 5 = the sum's |",
              "|---|---|" + "---|" * len(kinds) + "---|---|"]
