@@ -63,9 +63,9 @@ def test_record_roundtrip_find_and_refusals(search):
         ck.load("lattqe", path)
 
 
-def test_shipped_rtic_files_of_format_1_load_their_exact_weights_and_anchor():
-    """The bundled RTIC and RTIC+GCN files (format 1, never rewritten) load through load_rtic: every weight is
-    the stored tensor, the anchor's banks and ramps come with them, and the tie rule puts plain RTIC first."""
+def test_shipped_rtic_files_load_their_exact_weights_and_anchor():
+    """The bundled RTIC and RTIC+GCN files (the record format) load through load_rtic: every weight is the stored
+    tensor, the anchor's banks, router and ramps come with them, and the tie rule puts plain RTIC first."""
     from safetensors.torch import load_file
 
     from engine.compose.anchor import PREFIX, load_anchor
@@ -76,7 +76,7 @@ def test_shipped_rtic_files_of_format_1_load_their_exact_weights_and_anchor():
     for path in files:
         raw = load_file(str(path))
         model, record = load_rtic(path, ck.read_record(path)["backbone_fingerprint"])
-        assert record["format"] == 1 and record["part"] == ("rtic+gcn" if "-gcn-" in path.name else "rtic")
+        assert record["format"] == ck.RECORD_FORMAT and record["part"] == ("rtic+gcn" if "-gcn-" in path.name else "rtic")
         state = model.state_dict()
         assert set(state) == {k for k in raw if not k.startswith(PREFIX)}
         assert all(torch.equal(state[k], raw[k]) for k in state) and not model.training

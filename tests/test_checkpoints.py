@@ -79,19 +79,20 @@ def test_shipped_packaged_checkpoints_are_found(tmp_path, monkeypatch):
 
     monkeypatch.setenv("CIS_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setenv("CIS_CHECKPOINTS", str(tmp_path / "empty"))
-    fp = json.loads((ASSETS / "checkpoints" / "ics-64-packaged-efficientnet-lite0-all-minilm-l6-v2.json")
-                    .read_text())["fingerprint"]
+    fp = ck.read_record(ASSETS / "checkpoints" / "ics-64-packaged-efficientnet-lite0-all-minilm-l6-v2.safetensors")[
+        "backbone_fingerprint"]
+    dim = 512  # the packaged backbone's visual-channel version: 384 bridge + 128 visual
     assert [p.name for p, _ in ck.find("context-i2w", fp)] == ["context_i2w-packaged-efficientnet-lite0-all-minilm-l6-v2.safetensors"]
     assert [p.name for p, _ in find_rtic(fp)] == ["rtic-packaged-efficientnet-lite0-all-minilm-l6-v2.safetensors",
                                                          "rtic-gcn-packaged-efficientnet-lite0-all-minilm-l6-v2.safetensors"]
-    assert [p.name for p, _ in find_lattqe(None, fp, 384)] == ["lattqe-packaged-efficientnet-lite0-all-minilm-l6-v2.safetensors"]
-    assert available_ics_types(None, fp, 384) == ["ics-16", "ics-32", "ics-64", "ics-128"]
-    assert available_ics_types(None, "tiny:x@0", 384) == []
-    (path, _), = find_ics_checkpoints(64, None, fp, 384)
+    assert [p.name for p, _ in find_lattqe(None, fp, dim)] == ["lattqe-packaged-efficientnet-lite0-all-minilm-l6-v2.safetensors"]
+    assert available_ics_types(None, fp, dim) == ["ics-16", "ics-32", "ics-64", "ics-128"]
+    assert available_ics_types(None, "tiny:x@0", dim) == []
+    (path, _), = find_ics_checkpoints(64, None, fp, dim)
     assert path.name == "ics-64-packaged-efficientnet-lite0-all-minilm-l6-v2.safetensors"
-    idx = make_ics_index(64, 384, 3, fingerprint=fp)
-    x = np.random.default_rng(0).normal(size=(3, 384)).astype(np.float32)
+    idx = make_ics_index(64, dim, 3, fingerprint=fp)
+    x = np.random.default_rng(0).normal(size=(3, dim)).astype(np.float32)
     idx.build(x / np.linalg.norm(x, axis=1, keepdims=True))
     assert idx.search(x[:1], 1)[1][0, 0] == 0
     with pytest.raises(ck.CheckpointError, match="ics-64-packaged"):
-        make_ics_index(64, 384, 3, fingerprint="tiny:x@0")
+        make_ics_index(64, dim, 3, fingerprint="tiny:x@0")
