@@ -21,7 +21,10 @@ SEED = 0
 def operation_texts(per_class: int = PER_CLASS, seed: int = SEED) -> List[Tuple[str, str]]:
     """[(text, operation class)] of the train side: templates x train words, at most ``per_class`` each."""
     from ..data import open_vocab as ov
+    from ..data.builders import ensure_built
     from ..data.cir_triplets import load_offline_cir
+
+    ensure_built("cir")  # the explicit build step of this trainer (quick when built): the in-domain texts
 
     rng = random.Random(f"router:{seed}")
     colours = ov.of_split(ov.colour_splits(), "train")
