@@ -60,8 +60,10 @@ def seen(r: dict, n_edits: int) -> bool:
 
 
 def suite_photos(limit: int = 120) -> List[Image.Image]:
-    from .generalise import held_out_photos
+    from ..data.builders import ensure_built
+    from .generalise import SUITE_SETS, held_out_photos
 
+    ensure_built(*SUITE_SETS)  # the explicit build step (quick when built)
     recs = [r for r in held_out_photos() if r["side"] == "val"][:limit]
     photos = []
     for r in recs:
