@@ -456,9 +456,9 @@ def test_checkpoint_roundtrip_fingerprint_and_factory(tmp_path, tiny_a, tiny_b):
 
 
 
-def test_the_shipped_format_1_checkpoint_loads_through_the_one_loader_and_saves_in_the_record_format(tmp_path, tiny_a):
-    """The bundled checkpoint (format 1: its record under the metadata key ``context_i2w``) loads through
-    engine.checkpoints.load, anchor included; written again from its loaded record (as engine.train.anchor_fit
+def test_the_shipped_checkpoint_loads_through_the_one_loader_and_saves_again_the_same(tmp_path, tiny_a):
+    """The bundled checkpoint (the record format) loads through engine.checkpoints.load, anchor and router
+    included; written again from its loaded record (as engine.train.anchor_fit
     does) it is in the record format, with the same tensors, anchor and figures."""
     from safetensors.torch import load_file
 
@@ -468,7 +468,7 @@ def test_the_shipped_format_1_checkpoint_loads_through_the_one_loader_and_saves_
 
     (src,) = (ASSETS / "checkpoints").glob("context_i2w-*.safetensors")
     mapper, record = load_context_i2w(src)
-    assert record["format"] == 1 and record["part"] == "context-i2w" and record["file"] == src.name
+    assert record["format"] == ck.RECORD_FORMAT and record["part"] == "context-i2w" and record["file"] == src.name
     stored = load_file(str(src))
     assert all(torch.equal(v, stored[k].float()) for k, v in mapper.state_dict().items())
     anchor = load_anchor(src, record)
