@@ -9,7 +9,7 @@ def test_offline_sections_are_registered_functions():
     from engine.eval import concepts, expansion, generalise
     from engine.eval.offline import OFFLINE_SECTIONS
 
-    assert list(OFFLINE_SECTIONS) == ["query-expansion", "backbone-versions", "generalise"]
+    assert list(OFFLINE_SECTIONS) == ["query-expansion", "backbone-versions", "generalise", "edits-seen", "gallery-queries"]
     assert OFFLINE_SECTIONS.get("query-expansion") is expansion.offline_section
     assert OFFLINE_SECTIONS.get("backbone-versions") is concepts.offline_section
     assert OFFLINE_SECTIONS.get("generalise") is generalise.offline_section
