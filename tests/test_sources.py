@@ -229,9 +229,9 @@ def test_gallery_size_and_files():
         with Image.open(GALLERY / f) as img:
             assert img.format == "JPEG" and img.mode == "RGB", f
             assert max(img.size) <= 512 and min(img.size) >= 16, (f, img.size)
-    # nothing but jpgs and the two json files in the gallery
+    # nothing but jpgs and the three json files in the gallery (captions, labels, the natural-query list)
     others = sorted(p.relative_to(GALLERY).as_posix() for p in GALLERY.rglob("*") if p.is_file() and p.suffix != ".jpg")
-    assert others == ["captions.json", "labels.json"]
+    assert others == ["captions.json", "labels.json", "queries.json"]
 
 
 def test_gallery_metadata_covers_every_file():
