@@ -10,12 +10,13 @@ from typing import Any, Optional
 import gradio as gr
 
 from engine.config import Settings
+from engine.query import ALPHA_MAX, ALPHA_MIN, DEFAULT_ALPHA, DEFAULT_K, K_MAX, K_MIN, NQE_MAX, NQE_MIN
 from engine.search import SearchEngine
 from engine.service import SESSIONS, drop_session_engine, load_default_engine
 
 from . import handlers as h
 from .formatting import EXPANDER_LABELS, default_method_note, method_choices
-from .upload import reference_image
+from .upload import QuerySlider, reference_image
 
 TITLE = "Composed image search"
 INTRO = ("Give a reference image and say what to change — *same dress but red*, *the building at night* — "
@@ -88,6 +89,7 @@ class SearchPanel:
     explanation: Any = None
     raw: Any = None
     ids: Any = None
+    run: Any = None  # state: the last run (handlers.run_record: the request as searched and its response)
 
     def search_inputs(self) -> list:
         """handlers.run_search's inputs in their order: the Gradio API's /search takes its values in this order
@@ -98,12 +100,16 @@ class SearchPanel:
     def query(self) -> dict:
         """The query's widgets by the names handlers.after_query and handlers.Restored give them."""
         return {"image": self.image, "text": self.text, "method": self.method, "alpha": self.alpha, "k": self.k,
-                "lattqe_on": self.lattqe, "expander": self.expander, "nqe": self.nqe}
+                "lattqe_on": self.lattqe, "expander": self.expander, "nqe": self.nqe, "keep_out": self.keep_out}
 
     def results(self) -> dict:
         """The result panels by the names handlers.Restored gives them."""
         return {"gallery": self.gallery, "explanation": self.explanation, "raw": self.raw, "ids": self.ids,
-                "compare_out": self.compare_out}
+                "compare_out": self.compare_out, "run": self.run}
+
+    def outputs(self) -> list:
+        """handlers.run_search's outputs in their order (the Gradio API returns the first three)."""
+        return [self.gallery, self.explanation, self.raw, self.ids, self.run]
 
 
 @dataclass
@@ -150,6 +156,8 @@ def _search_controls(engine: SearchEngine, prefix: str, with_compare: bool = Fal
         with gr.Column(scale=1, min_width=240):
             c.image = reference_image(int(engine.settings.max_upload_mb * 1e6), label="Reference image",  # no decode
                                       sources=["upload", "clipboard"], height=260, elem_id=f"{prefix}reference")
+            # a file that is not an image is said on upload, not only after Search (handlers.reference_checked)
+            c.image.upload(h.reference_checked(engine), [c.image], [c.image], api_name=False, show_progress="hidden")
             if with_picker:
                 c.picker = _gallery_picker(engine)
         with gr.Column(scale=2, min_width=280):
@@ -162,10 +170,10 @@ def _search_controls(engine: SearchEngine, prefix: str, with_compare: bool = Fal
             with gr.Row(elem_classes=["cis-method-row"]):
                 c.method = gr.Dropdown(methods, value=default_method, label="Method", elem_id=f"{prefix}method",
                                        min_width=240)
-                c.k = gr.Slider(1, h.UI_MAX_K, value=12, step=1, label="Results (top-k)", elem_id=f"{prefix}k")
+                c.k = QuerySlider(K_MIN, K_MAX, value=DEFAULT_K, step=1, label="Results (top-k)", elem_id=f"{prefix}k")
             gr.Markdown(default_method_note(engine), elem_id=f"{prefix}method-why", elem_classes=["cis-note"])
             # α is the weighted sum's text weight; methods that ignore it hide it (h.alpha_visible)
-            c.alpha = gr.Slider(0, 1, value=0.5, step=0.05, label="α (text weight, weighted sum)",
+            c.alpha = QuerySlider(ALPHA_MIN, ALPHA_MAX, value=DEFAULT_ALPHA, step=0.05, label="α (text weight, weighted sum)",
                                 visible=h.alpha_visible(engine, default_method), elem_id=f"{prefix}alpha")
             c.method.change(functools.partial(h.alpha_shown, engine), [c.method], [c.alpha], api_name=False,
                             show_progress="hidden")
@@ -190,7 +198,7 @@ def _expansion_controls(engine: SearchEngine, prefix: str, c: SearchPanel) -> No
         others = [(EXPANDER_LABELS.get(n, n), n) for n in engine.offered_expanders if n != "lattqe"]
         c.expander = gr.Dropdown(others, value="none", label="Expansion (when LAttQE is off)",
                                  info=h.EXPANSION_HELP, elem_id=f"{prefix}expander")
-        c.nqe = gr.Slider(0, h.UI_MAX_NQE, value=0, step=1, label="nQE (neighbours used)",
+        c.nqe = QuerySlider(NQE_MIN, NQE_MAX, value=0, step=1, label="nQE (neighbours used)",
                           info="0 = automatic: chosen on validation, capped by gallery size",
                           elem_id=f"{prefix}nqe")
 
@@ -207,6 +215,7 @@ def _result_panels(prefix: str, with_compare: bool, c: SearchPanel) -> None:
     with gr.Accordion("Results as JSON", open=False):
         c.raw = gr.Code(language="json", elem_id=f"{prefix}json", label="Same schema as `python -m engine search --json`")
     c.ids = gr.State([])
+    c.run = gr.State(None)
 
 
 def _gallery_picker(engine: SearchEngine):
@@ -297,14 +306,14 @@ def _with_link(event, s: ShareRow):
 
 def _with_expansion_note(event, c: SearchPanel):
     """The line under the LAttQE box: what expansion did for the query just run."""
-    return event.success(h.expansion_done, [c.raw], [c.lattqe_did], api_name=False, show_progress="hidden")
+    return event.success(h.expansion_done, [c.run], [c.lattqe_did], api_name=False, show_progress="hidden")
 
 
-def _recorded(event, engine: SearchEngine, view: str, c: SearchPanel, s: ShareRow):
-    """After a ``view`` run ("search" or "compare"): handlers.after_query, inputs and outputs by name."""
-    record, outputs = _named(functools.partial(h.after_query, engine, view), h.Recorded, s.recorded())
-    return event.success(record, inputs_kwargs={**c.query(), "raw": c.raw, "history": s.history},
-                         outputs=outputs, api_name=False)
+def _recorded(event, engine: SearchEngine, c: SearchPanel, s: ShareRow):
+    """After a run (search or compare: the run's state says which): handlers.after_query, by name."""
+    record, outputs = _named(functools.partial(h.after_query, engine), h.Recorded, s.recorded())
+    return event.success(record, inputs_kwargs={"run": c.run, "history": s.history}, outputs=outputs,
+                         api_name=False)
 
 
 def _main_tab(demo: gr.Blocks, engine: SearchEngine, searches: dict) -> None:
@@ -325,10 +334,10 @@ def _wire_search(engine: SearchEngine, c: SearchPanel, s: ShareRow, searches: di
     """A search (the button: the Gradio API's /search; Enter; a click on an example), then what it leaves in
     the page: history and export data, the expansion note, the single-method view, the share link."""
     search_fn = h.user_errors(functools.partial(h.run_search, engine))
-    results = [c.gallery, c.explanation, c.raw, c.ids]
+    results = c.outputs()
 
     def then_search(event):
-        shown = _with_expansion_note(_recorded(event, engine, "search", c, s), c)
+        shown = _with_expansion_note(_recorded(event, engine, c, s), c)
         return _with_link(shown.success(h.search_shown, None, [c.compare_out, c.gallery], api_name=False,
                                         show_progress="hidden"), s)
 
@@ -343,9 +352,9 @@ def _wire_compare(engine: SearchEngine, c: SearchPanel, s: ShareRow) -> None:
     """Compare methods (the Gradio API's /compare, its own limit of 2 at once), then the page shows its columns."""
     compare_fn = h.user_errors(functools.partial(h.run_compare, engine))
     ran = c.compare_btn.click(compare_fn, [c.image, c.text, c.alpha, c.k, c.lattqe, c.nqe, c.keep_out],
-                              [c.compare_out, c.raw], api_name="compare", concurrency_limit=2)
-    shown = (_recorded(ran, engine, "compare", c, s)
-             .success(h.compare_cleared, [c.raw], [c.gallery, c.ids, c.explanation], api_name=False,
+                              [c.compare_out, c.raw, c.run], api_name="compare", concurrency_limit=2)
+    shown = (_recorded(ran, engine, c, s)
+             .success(h.compare_cleared, [c.run], [c.gallery, c.ids, c.explanation], api_name=False,
                       show_progress="hidden")
              .success(lambda: gr.update(value="", visible=False), None, [c.lattqe_did], api_name=False,
                       show_progress="hidden"))
@@ -395,7 +404,7 @@ def _own_tab(engine: SearchEngine, searches: dict) -> None:
     own_grid.select(h.result_as_reference, [session, own_ids], o.image, api_name=False)
     for trigger, api in ((o.button.click, "search_own"), (o.text.submit, False)):
         _with_expansion_note(trigger(h.user_errors(h.run_search), [session, *o.search_inputs()],
-                                     [o.gallery, o.explanation, o.raw, o.ids], api_name=api, **searches), o)
+                                     o.outputs(), api_name=api, **searches), o)
     o.gallery.select(h.result_as_reference, [session, o.ids], o.image, api_name=False)
 
 

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from .errors import EngineError
+from .query import DEFAULT_ALPHA, DEFAULT_K, limit_sentence
 
 # sub-commands whose implementation lives in another module: name -> (module, help)
 TRAINERS = {
@@ -122,18 +123,17 @@ def cmd_index(args) -> int:
 
 
 def cmd_search(args) -> int:
-    from .search import open_engine, search
     from .backbones import create_backbone
+    from .query import SearchRequest, gallery_reference  # noqa: I001
+    from .search import open_engine, run
 
     s = _settings(args)
     eng = open_engine(args.index, settings=s, backbone=create_backbone(s.backbone, s.device, settings=s) if args.backbone else None,
                       index_type=args.index_type)
-    image = args.image
-    if image is not None and image.startswith("gallery:"):
-        image = int(image.split(":", 1)[1])
-    resp = search(eng, image=image, text=args.text, method=args.method, alpha=args.alpha, k=args.k,
-                  expand=args.expand, nqe=args.nqe, negative_text=args.negative, explain=args.explain,
-                  exclude_reference=not args.keep_reference)
+    req = SearchRequest.build(s.max_text_chars, image=gallery_reference(args.image), text=args.text,
+                              method=args.method, alpha=args.alpha, k=args.k, expand=args.expand, nqe=args.nqe or 0,
+                              negative_text=args.negative, explain=args.explain, keep_reference=args.keep_reference)
+    resp = run(eng, req)
     if args.json:
         print(json.dumps(resp.to_json(), indent=2))
     else:
@@ -188,8 +188,9 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--negative", default=None, help="negative text (sum method)")
     sp.add_argument("--method", default=None, help="image | text | sum | context-i2w | rtic (default: the engine's "
                     "default method, chosen on held-out-domain validation; `info` names it)")
-    sp.add_argument("--alpha", type=float, default=0.5)
-    sp.add_argument("--k", type=int, default=10)
+    sp.add_argument("--alpha", type=float, default=DEFAULT_ALPHA,
+                    help=f"{limit_sentence('alpha')} (out of range: clamped, with a note)")
+    sp.add_argument("--k", type=int, default=DEFAULT_K, help=f"{limit_sentence('k')} (out of range: clamped, with a note)")
     sp.add_argument("--expand", default="none", help="none | aqe | aqewd | alpha-qe | lattqe")
     sp.add_argument("--nqe", type=int, default=None, help="neighbours the expander uses (default: the value chosen "
                     "on validation for that expander, capped at 2%% of the gallery)")

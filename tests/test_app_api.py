@@ -16,6 +16,11 @@ def test_search_endpoint_through_gradio_client(app_server, gallery_engine, galle
     assert all("cat" in gallery_labels[r["path"]] for r in data["results"][:3])
     assert [r["rank"] for r in data["results"]] == [1, 2, 3, 4]
     assert "Timings" in explanation
+    # the one contract (engine.query): k out of range is clamped and said, as on every other route
+    from engine.query import K_MAX, limit_sentence
+
+    _, _, raw = client.predict(None, "a photo of a cat", "text", 0.5, 100000, False, "none", 0, api_name="/search")
+    assert json.loads(raw)["notices"][0] == f"{limit_sentence('k')}; 100000 was changed to {K_MAX}."
 
     ref = str(gallery_engine.index.image_path(7))
     # a gallery photo as the reference is left out of its own results by default (8 arguments, as before) ...

@@ -174,9 +174,8 @@ def test_after_query_takes_and_gives_everything_by_name(gallery_engine):
     from demo.ui import _named
 
     image = str(gallery_engine.index.image_path(7))
-    raw = h.run_search(gallery_engine, image, "at night", "sum", 0.5, 3, False, "none", 0)[2]
-    out = h.after_query(gallery_engine, "search", image=image, text="at night", method="sum", alpha=0.5, k=3,
-                        lattqe_on=False, expander="aqe", nqe=16, raw=raw, history=[])
+    _, _, raw, _, run = h.run_search(gallery_engine, image, "at night", "sum", 0.5, 3, False, "aqe", 16)
+    out = h.after_query(gallery_engine, run=run, history=[])
     assert isinstance(out, h.Recorded) and "expand=aqe" in out.qs and out.history[0]["qs"] == out.qs
     assert out.last["asked"]["text"] == "at night" and out.last["results"] == json.loads(raw)["results"]
     with gr.Blocks():
