@@ -390,7 +390,7 @@ def _own_tab(engine: SearchEngine, searches: dict) -> None:
         upload = gr.File(label="Zip of photos", file_types=[".zip"], elem_id="own-upload")
         with gr.Column():
             index_type = gr.Dropdown(h.index_type_choices(engine), value="auto", label="Index",
-                                     info="ICS: compact binary codes (docs/ics.md)", elem_id="own-index-type")
+                                     info="ICS: compact binary codes, a fraction of the memory and a little less exact", elem_id="own-index-type")
             index_btn = gr.Button("Index the photos", elem_id="own-index")
     status = gr.Markdown(elem_id="own-status")
     with gr.Accordion("Pick the reference from your photos", open=True, elem_id="own-picker-box"):

@@ -69,10 +69,42 @@ class CompareResult:
                 return c
         raise KeyError(key)
 
+    @property
+    def same_as(self) -> Dict[str, str]:
+        """Column key -> the key of the first earlier column with the same results in the same order (an
+        identical column is said as such, not shown as another answer)."""
+        first: Dict[tuple, str] = {}
+        out: Dict[str, str] = {}
+        for c in self.columns:
+            if c.response is None:
+                continue
+            ids = tuple(c.ids)
+            if ids in first:
+                out[c.key] = first[ids]
+            else:
+                first[ids] = c.key
+        return out
+
+    @property
+    def minority(self) -> Dict[int, int]:
+        """Gallery id -> how many different answers found it, for the results found by fewer than half of the
+        different answers (identical columns count once): what only some methods found is what a UI marks;
+        found by most of them is no news."""
+        same = self.same_as
+        answers = [set(c.ids) for c in self.columns if c.response is not None and c.key not in same]
+        counts: Dict[int, int] = {}
+        for ids in answers:
+            for i in ids:
+                counts[i] = counts.get(i, 0) + 1
+        return {i: n for i, n in sorted(counts.items()) if 2 * n < len(answers)}
+
     def to_json(self) -> dict:
+        same = self.same_as
         return {"query": self.query, "wall_ms": round(self.wall_ms, 3), "reference_hash": self.reference_hash,
                 "columns": [c.to_json() for c in self.columns],
-                "shared": {str(i): keys for i, keys in sorted(self.shared.items())}, "notices": self.notices}
+                "shared": {str(i): keys for i, keys in sorted(self.shared.items())},
+                "same_as": same, "answers": sum(1 for c in self.columns if c.response is not None and c.key not in same),
+                "minority": {str(i): n for i, n in self.minority.items()}, "notices": self.notices}
 
 
 def compare_plan(engine: SearchEngine, lattqe: Optional[bool] = None,
@@ -152,18 +184,24 @@ def bench_compare(engine: SearchEngine, repeats: int = 3, k: int = 12) -> float:
 
 
 def format_text(result: CompareResult, top: int = 5) -> str:
-    """Plain-text table: one block per column, shared results marked with '*'."""
+    """Plain-text table: one block per column, results found by only a minority of the methods marked with
+    '*'; a column identical to an earlier one says so instead of repeating it."""
     lines = []
+    same, minority = result.same_as, result.minority
+    labels = {c.key: c.label for c in result.columns}
     for col in result.columns:
         head = f"== {col.label} [{col.key}]  {col.wall_ms:.1f} ms"
         if col.error:
             lines.append(f"{head}\n   unavailable for this query: {col.error}")
             continue
+        if col.key in same:
+            lines.append(f"{head}\n   same results as {labels[same[col.key]]}")
+            continue
         lines.append(head)
         for r in col.response.results[:top]:
-            mark = "*" if r.id in result.shared else " "
+            mark = "*" if r.id in minority else " "
             lines.append(f" {mark}{r.rank:3d}  {r.score:.4f}  {r.path}  {r.caption}")
-    lines.append(f"total {result.wall_ms:.1f} ms; * = found by more than one column")
+    lines.append(f"total {result.wall_ms:.1f} ms; * = found by fewer than half of the methods")
     return "\n".join(lines)
 
 
