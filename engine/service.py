@@ -55,11 +55,14 @@ def _open_default_engine(settings: Settings, progress=None) -> SearchEngine:
         from .prebuilt import seed_index
 
         seeded = seed_index(settings.gallery, out, backbone)  # the bundled gallery's prebuilt embeddings, when they fit
-        if first:
-            log.info("first start: indexing the gallery %s", "from its prebuilt embeddings (nothing to embed)"
-                     if seeded else "(embedding every photo once)")
+        if first and not seeded:
+            log.info("first start: indexing the gallery (embedding every photo once)")
         index_source(settings.gallery, out, backbone, settings=settings, progress=progress)  # + thumbnails
-        return open_engine(out, backbone=backbone, settings=settings)
+        engine = open_engine(out, backbone=backbone, settings=settings)
+        if first and seeded:  # one line for what happened: nothing was embedded
+            log.info("first start: the gallery index of %d photos was made from the prebuilt embeddings "
+                     "(nothing to embed)", len(engine.index))
+        return engine
 
 
 def sessions_dir() -> Path:
