@@ -129,6 +129,14 @@ def test_gallery_picker_sets_the_reference_left_out_of_its_results(served_demo, 
     ui.open_accordion(page, "Pick the reference from the gallery")
     page.locator("#picker .thumbnail-item").nth(23).wait_for()  # the grid renders after the accordion opens
     assert page.locator("#picker .thumbnail-item").count() == 24  # browsable: the first page ...
+    # ... whose every column fits its box (Gradio's fixed 100 px tracks cut the 4th column off at 1280 px)
+    fit = page.evaluate("""() => {
+      const grid = document.querySelector('#picker .grid-container');
+      const edge = grid.getBoundingClientRect().right;
+      const over = [...grid.querySelectorAll('.thumbnail-item')].filter(e => e.getBoundingClientRect().right > edge + 1);
+      return {over: over.length, scroll: grid.scrollWidth - grid.clientWidth};
+    }""")
+    assert fit == {"over": 0, "scroll": 0}, fit
     assert "page 1 of " in page.locator("#picker-note").inner_text()
     page.click("#picker-next")
     page.wait_for_function("() => document.querySelector('#picker-note').innerText.includes('page 2 of ')")
