@@ -170,10 +170,10 @@ def _search_controls(engine: SearchEngine, prefix: str, with_compare: bool = Fal
             with gr.Row(elem_classes=["cis-method-row"]):
                 c.method = gr.Dropdown(methods, value=default_method, label="Method", elem_id=f"{prefix}method",
                                        min_width=240)
-                c.k = QuerySlider(K_MIN, K_MAX, value=DEFAULT_K, step=1, label="Results (top-k)", elem_id=f"{prefix}k")
+                c.k = QuerySlider(K_MIN, K_MAX, value=DEFAULT_K, step=1, label="Number of results", elem_id=f"{prefix}k")
             gr.Markdown(default_method_note(engine), elem_id=f"{prefix}method-why", elem_classes=["cis-note"])
             # α is the weighted sum's text weight; methods that ignore it hide it (h.alpha_visible)
-            c.alpha = QuerySlider(ALPHA_MIN, ALPHA_MAX, value=DEFAULT_ALPHA, step=0.05, label="α (text weight, weighted sum)",
+            c.alpha = QuerySlider(ALPHA_MIN, ALPHA_MAX, value=DEFAULT_ALPHA, step=0.05, label="Weight of the text (α)",
                                 visible=h.alpha_visible(engine, default_method), elem_id=f"{prefix}alpha")
             c.method.change(functools.partial(h.alpha_shown, engine), [c.method], [c.alpha], api_name=False,
                             show_progress="hidden")
@@ -186,7 +186,7 @@ def _expansion_controls(engine: SearchEngine, prefix: str, c: SearchPanel) -> No
     """The LAttQE box with its note, the leave-the-reference-out box and the other expansion options."""
     lattqe_reason = engine.expanders_unavailable.get("lattqe")
     # not offered where validation showed it moves no answer for this backbone (engine.defaults)
-    c.lattqe = gr.Checkbox(value=False, label="LAttQE expansion", interactive=lattqe_reason is None,
+    c.lattqe = gr.Checkbox(value=False, label="Refine with the top results (LAttQE)", interactive=lattqe_reason is None,
                            info=h.lattqe_info(engine), elem_id=f"{prefix}lattqe",
                            visible=lattqe_reason is not None or "lattqe" in engine.offered_expanders)
     # what LAttQE (or another expansion) did for the last query: expanded with which neighbours, or kept it
