@@ -119,6 +119,8 @@ def anchor_lines(comp: dict) -> list:
     """How much of a learned composer's own correction this query used (engine.compose.anchor): 0 % is the
     training-free weighted sum, used where the text or the picture is unlike the composer's training data."""
     out = []
+    if (comp.get("automatic") or {}).get("says"):
+        out.append(esc(comp["automatic"]["says"]))
     if comp.get("prior_only"):
         out.append(f"**Weighted sum used:** {esc(comp['prior_only'])}")
     elif isinstance(comp.get("trust"), (int, float)):

@@ -19,7 +19,8 @@ from .formatting import EXPANDER_LABELS, default_method_note, method_choices
 from .upload import QuerySlider, reference_image
 
 TITLE = "Composed image search"
-INTRO = ("Give a reference image and say what to change — *same dress but red*, *the building at night* — "
+INTRO = ("Give a reference image and say what to change — *the same shoes but white*, *at night*, *as a black and "
+         "white photo*, *a hammer instead* — "
          "and the engine finds matching images in the gallery. Click a result to use it as the new reference.")
 CSS = (Path(__file__).with_name("style.css")).read_text(encoding="utf-8")  # the page's styles, in their own file
 # Passed to launch(head=...) with CSS. Gradio's client closes its event stream through a stand-in object whose

@@ -79,11 +79,13 @@ def _read(path: Path) -> Optional[dict]:
     return rec if isinstance(rec, dict) and rec.get("kind") == "defaults" else None
 
 
-def engine_defaults(backbone, settings=None) -> EngineDefaults:
-    """The defaults recorded for ``backbone`` on the checkpoint search path, else the fallback."""
+def engine_defaults(backbone, settings=None, checkpoint_dir=None) -> EngineDefaults:
+    """The defaults recorded for ``backbone`` on the checkpoint search path (``checkpoint_dir``, else the
+    settings' folder, first), else the fallback."""
     from .checkpoints import search_dirs
 
-    folder = getattr(settings, "checkpoints", None) if settings is not None else None
+    folder = checkpoint_dir if checkpoint_dir not in (None, "") else (
+        getattr(settings, "checkpoints", None) if settings is not None else None)
     for directory in search_dirs(folder):
         for path in sorted(Path(directory).glob(PATTERN)) if Path(directory).is_dir() else []:
             rec = _read(path)
