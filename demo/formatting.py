@@ -264,7 +264,10 @@ def default_method_note(engine: SearchEngine) -> str:
     CLI and the JSON API) and why, in a stakeholder's words; the figures behind it (``engine.defaults.why()``)
     are in "About this engine"."""
     method = engine.default_method
-    if getattr(engine.defaults, "source", None):
+    if method == "auto":
+        why = ("for each request it uses the method that did best on that kind of change (a new object, a colour, "
+               "night, ...) when tested on photos and wordings it had never seen")
+    elif getattr(engine.defaults, "source", None):
         why = ("it found the right photos most often when tested on photos and wordings it had never seen, so it "
                "is the default here")
     else:
