@@ -115,6 +115,14 @@ def run_record(view: str, request: SearchRequest, data: dict) -> dict:
     return {"view": view, "request": request, "data": data}
 
 
+def searched_values(run):
+    """The number boxes (k, α, nQE) after a run: the values searched, so a clamped value shows as it was used."""
+    req = run.get("request") if isinstance(run, dict) else None
+    if not isinstance(req, SearchRequest):
+        return gr.skip(), gr.skip(), gr.skip()
+    return req.k, req.alpha, req.nqe
+
+
 def reference_problem(engine: SearchEngine, path) -> Optional[str]:
     """The sentence for an uploaded reference that cannot be used (not an image, too large), or None: the
     same check, and so the same sentence, as a search with it would give."""

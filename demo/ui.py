@@ -16,7 +16,7 @@ from engine.service import SESSIONS, drop_session_engine, load_default_engine
 
 from . import handlers as h
 from .formatting import EXPANDER_LABELS, default_method_note, method_choices
-from .upload import QuerySlider, reference_image
+from .upload import QueryNumber, reference_image
 
 TITLE = "Composed image search"
 INTRO = ("Give a reference image and say what to change — *the same shoes but white*, *at night*, *as a black and "
@@ -171,11 +171,13 @@ def _search_controls(engine: SearchEngine, prefix: str, with_compare: bool = Fal
             with gr.Row(elem_classes=["cis-method-row"]):
                 c.method = gr.Dropdown(methods, value=default_method, label="Method", elem_id=f"{prefix}method",
                                        min_width=240)
-                c.k = QuerySlider(K_MIN, K_MAX, value=DEFAULT_K, step=1, label="Number of results", elem_id=f"{prefix}k")
+                c.k = QueryNumber(DEFAULT_K, label="Number of results", info=f"{K_MIN} to {K_MAX}", step=1,
+                                  precision=0, elem_id=f"{prefix}k", min_width=120)
             gr.Markdown(default_method_note(engine), elem_id=f"{prefix}method-why", elem_classes=["cis-note"])
             # α is the weighted sum's text weight; methods that ignore it hide it (h.alpha_visible)
-            c.alpha = QuerySlider(ALPHA_MIN, ALPHA_MAX, value=DEFAULT_ALPHA, step=0.05, label="Weight of the text (α)",
-                                visible=h.alpha_visible(engine, default_method), elem_id=f"{prefix}alpha")
+            c.alpha = QueryNumber(DEFAULT_ALPHA, step=0.05, label="Weight of the text (α)",
+                                  info=f"{ALPHA_MIN:g} (the picture only) to {ALPHA_MAX:g} (the text only)",
+                                  visible=h.alpha_visible(engine, default_method), elem_id=f"{prefix}alpha")
             c.method.change(functools.partial(h.alpha_shown, engine), [c.method], [c.alpha], api_name=False,
                             show_progress="hidden")
             _expansion_controls(engine, prefix, c)
@@ -199,9 +201,9 @@ def _expansion_controls(engine: SearchEngine, prefix: str, c: SearchPanel) -> No
         others = [(EXPANDER_LABELS.get(n, n), n) for n in engine.offered_expanders if n != "lattqe"]
         c.expander = gr.Dropdown(others, value="none", label="Expansion (when LAttQE is off)",
                                  info=h.EXPANSION_HELP, elem_id=f"{prefix}expander")
-        c.nqe = QuerySlider(NQE_MIN, NQE_MAX, value=0, step=1, label="nQE (neighbours used)",
-                          info="0 = automatic: chosen on validation, capped by gallery size",
-                          elem_id=f"{prefix}nqe")
+        c.nqe = QueryNumber(0, step=1, precision=0, label="nQE (neighbours used)",
+                            info=f"{NQE_MIN} (automatic: chosen on validation, capped by gallery size) to {NQE_MAX}",
+                            elem_id=f"{prefix}nqe")
 
 
 def _result_panels(prefix: str, with_compare: bool, c: SearchPanel) -> None:
@@ -306,8 +308,10 @@ def _with_link(event, s: ShareRow):
 
 
 def _with_expansion_note(event, c: SearchPanel):
-    """The line under the LAttQE box: what expansion did for the query just run."""
-    return event.success(h.expansion_done, [c.run], [c.lattqe_did], api_name=False, show_progress="hidden")
+    """The line under the LAttQE box: what expansion did for the query just run; and the number boxes show the
+    values searched (a clamped one, already said in a notice)."""
+    shown = event.success(h.searched_values, [c.run], [c.k, c.alpha, c.nqe], api_name=False, show_progress="hidden")
+    return shown.success(h.expansion_done, [c.run], [c.lattqe_did], api_name=False, show_progress="hidden")
 
 
 def _recorded(event, engine: SearchEngine, c: SearchPanel, s: ShareRow):
@@ -358,7 +362,8 @@ def _wire_compare(engine: SearchEngine, c: SearchPanel, s: ShareRow) -> None:
              .success(h.compare_cleared, [c.run], [c.gallery, c.ids, c.explanation], api_name=False,
                       show_progress="hidden")
              .success(lambda: gr.update(value="", visible=False), None, [c.lattqe_did], api_name=False,
-                      show_progress="hidden"))
+                      show_progress="hidden")
+             .success(h.searched_values, [c.run], [c.k, c.alpha, c.nqe], api_name=False, show_progress="hidden"))
     _with_link(shown, s)
 
 

@@ -48,10 +48,14 @@ def test_page_handler_clamps_k_with_a_notice(gallery_engine):
     assert len(ids) == 1 and json.loads(raw)["notices"][0] == K_RAISED
 
 
-def test_gradio_slider_hands_out_of_range_values_to_the_one_validation():
-    from demo.upload import QuerySlider
+def test_the_number_boxes_hand_out_of_range_values_to_the_one_validation():
+    import gradio as gr
 
-    assert QuerySlider(1, K_MAX).preprocess(100000) == 100000  # gr.Slider raises its own sentence here
+    from demo.upload import QueryNumber
+
+    assert QueryNumber(12).preprocess(100000) == 100000 and QueryNumber(12).preprocess(-5) == -5
+    with pytest.raises(gr.Error, match="greater than maximum"):  # what a bounded Gradio input says instead
+        gr.Slider(1, K_MAX).preprocess(100000)
 
 
 def _client(engine):

@@ -195,3 +195,22 @@ def test_phone_width_keeps_method_and_captions_readable(served_demo, open_page, 
     assert page.evaluate(COVERED, "#picker .thumbnail-item img") == []
     shot(page, "phone-picker")
     assert not page.cis_errors, page.cis_errors
+
+
+def test_a_typed_k_out_of_range_is_said_not_silently_clamped(served_demo, open_page, shot):
+    """Issue #33: k=-5 typed on the page silently became 1 (the slider's frontend clamped it); now the one
+    validation (engine.query) clamps it and the page says so in the sentence every route uses."""
+    from engine.query import K_MAX, limit_sentence
+
+    _, url = served_demo
+    page = open_page(url, "desktop")
+    ui.type_text(page, "", "a red car")
+    for typed, used in (("-5", 1), ("100000", K_MAX)):
+        ui.set_k(page, "", typed)
+        assert page.locator("#k input[type=number]").input_value() == typed  # not changed behind the user's back
+        page.click("#search")
+        said = ui.take_toast(page)
+        assert f"{limit_sentence('k')}; {typed} was changed to {used}." in said, said
+        page.wait_for_function("n => document.querySelector('#k input[type=number]').value === String(n)", arg=used)
+        ui.wait_idle(page, "results")
+    assert not page.cis_errors, page.cis_errors
