@@ -60,6 +60,8 @@ class EngineDefaults:
         if not self.source:
             return "the weighted sum: no validation record for this backbone"
         score = (self.evidence.get("overall_val") or {}).get(self.method)
+        if self.method == "auto":
+            score = self.evidence.get("auto_val_cross_fitted")
         tail = f" (score {score:.1f})" if isinstance(score, (int, float)) else ""
         return (f"best on the validation side of the held-out-domain suite{tail}: photos, words and phrasings "
                 "no trainer saw")

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from PIL import Image
 
 from engine.compose import ComposerUnavailable, Query
 from engine.compose.auto import AutoComposer, choose_routes, cross_fitted_score, load_auto, routed_vectors
@@ -74,3 +75,32 @@ def test_the_automatic_method_composes_each_query_by_its_routed_method(tiny):
 def test_the_automatic_method_is_unavailable_without_a_route_table(tmp_path, tiny):
     with pytest.raises(ComposerUnavailable, match="route table"):
         load_auto(tiny, tmp_path)
+
+
+def test_the_batch_path_of_each_learned_composer_equals_one_query_at_a_time(tiny):
+    """compose_many (evaluation's batch path) gives the vectors and trusts of compose, query by query."""
+    from engine.compose.anchor import Anchor, AnchorConfig
+    from engine.compose.context_i2w import ContextI2WComposer, ContextI2WConfig, ContextI2WMapper
+    from engine.compose.rtic import RTIC, RTICComposer, RTICConfig
+
+    torch.manual_seed(0)
+    d = tiny.embed_dim
+    texts = ["make it red", "a dog instead of the cat", "at night", "in black and white, please"]
+    bank = tiny.encode_texts(texts[:2]).embeddings.float()
+    anchor = Anchor(AnchorConfig(weight=0.8, text_lo=0.0, text_hi=0.9), text_bank=bank)
+    imgs = F.normalize(torch.randn(len(texts), d), dim=-1)
+    x = torch.stack([tiny.preprocess(Image.new("RGB", (32, 32), c))
+                     for c in ("red", "blue", "green", "white")])
+    tokens = tiny.encode_images_with_tokens(x)[1]
+    queries = [Query(text=t, image_embedding=imgs[i], has_image=True, image_tokens=tokens[i]) for i, t in enumerate(texts)]
+    rtic = RTICComposer(tiny, RTIC(RTICConfig(dim=d, n_blocks=1)).eval(), anchor=anchor)
+    cfg = ContextI2WConfig(vision_width=tiny.vision_width, token_dim=tiny.token_dim, context_dim=d,
+                           placeholder=tiny.placeholder)
+    ci2w = ContextI2WComposer(tiny, ContextI2WMapper(cfg).eval(), anchor=anchor)
+    for comp in (rtic, ci2w):
+        one = [comp.compose(q) for q in queries]
+        many = comp.compose_many(queries)
+        for a, b in zip(one, many):
+            assert np.allclose(a.vector, b.vector, atol=1e-4)
+            assert b.explanation["trust"] == pytest.approx(a.explanation["trust"], abs=1e-3)
+        assert len({round(m.explanation["trust"], 3) for m in many}) > 1  # familiar and unfamiliar texts differ

@@ -209,6 +209,21 @@ def operation_text(anchor: Optional[Anchor], backbone, texts: Sequence[str]) -> 
 
 
 
+def blend_many(anchor: Optional[Anchor], backbone, image: torch.Tensor, text: torch.Tensor, learned: torch.Tensor,
+               texts: Sequence[str]):
+    """((B, D) the anchored vectors, (B,) each query's share tau) for a batch (tau 1 without an anchor: the
+    learned vectors as they are)."""
+    if anchor is None:
+        return learned, torch.ones(learned.shape[0])
+    tau = anchor.trust(image, text, operation_text(anchor, backbone, texts))
+    return anchor.blend(image, text, learned, tau), tau
+
+
+def composable(queries) -> bool:
+    """Whether every query has an image and a text (a learned composer's batch path; else one at a time)."""
+    return all(q.has_image and q.text and q.text.strip() for q in queries)
+
+
 def split_state(state: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
     """``state`` without the anchor's tensors (what the composer's own module loads)."""
     return {k: v for k, v in state.items() if not k.startswith(PREFIX)}

@@ -51,6 +51,25 @@ class AutoComposer(Composer):
         return comp
 
 
+    def compose_many(self, queries: List[Query]) -> List[Composition]:
+        from .anchor import composable
+
+        if not composable(queries):
+            return super().compose_many(queries)
+        t = self.backbone.encode_texts([q.text for q in queries]).embeddings.float().cpu()
+        p = self.router.probabilities(t)
+        ops = [self.router.classes[i] for i in p.argmax(dim=-1).tolist()]
+        methods = [self.routes.get(op, self.fallback) for op in ops]
+        out: List[Composition] = [None] * len(queries)  # type: ignore[list-item]
+        for m in sorted(set(methods)):
+            idx = [i for i, x in enumerate(methods) if x == m]
+            for i, comp in zip(idx, self.members[m].compose_many([queries[i] for i in idx])):
+                comp.explanation = {**comp.explanation, "automatic": {"operation": ops[i], "method": m,
+                                                                      "probability": round(float(p[i].max()), 3)}}
+                out[i] = comp
+        return out
+
+
 def routed_vectors(vectors: Dict[str, np.ndarray], classes: Sequence[str], routes: Dict[str, str],
                    fallback: str = "sum") -> np.ndarray:
     """The automatic method's (Q, D) query vectors from each member's own (what :class:`AutoComposer` returns

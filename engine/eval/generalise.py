@@ -346,8 +346,18 @@ def choose(backbone, settings: Settings, ev: dict, expander_grid: bool = True) -
         from ..defaults import engine_defaults
 
         kept = engine_defaults(backbone, settings)
+        # how many validation queries of the chosen method each expander moves at the kept values (the page
+        # offers only those that move some): the chosen method's vectors only, so this stays a matter of minutes
+        if method == "auto":
+            from ..compose.auto import routed_vectors
+
+            vecs = {method: routed_vectors(ev["vectors"], ev["classes"], auto["routes"])}
+        else:
+            vecs = {method: ev["vectors"][method]}
+        changed = {ex_name: _queries_changed({**ev, "vectors": vecs}, ex, kept.nqe_for(ex_name), kept.floor_for(ex_name))
+                   for ex_name, ex in _expanders(backbone, settings).items()}
         return {**chosen, "nqe": dict(kept.nqe), "floor": dict(kept.floor), "nqe_fraction": kept.nqe_fraction,
-                **{k: kept.evidence[k] for k in ("grid_worst_r10_change", "queries_changed") if k in kept.evidence}}
+                "queries_changed": changed, "queries_changed_of": method}
     for ex_name, ex in _expanders(backbone, settings).items():
         rows = {}
         for value in NQE_GRID:
