@@ -77,7 +77,7 @@ def seed_index(gallery, out, backbone, folder: Optional[Path] = None) -> bool:
         shutil.copyfile(prebuilt_paths(backbone.name, folder)[0], tmp)
         tmp.replace(target)
     log.debug("using the prebuilt index of the bundled gallery (%d photos, %s)", record.get("count", 0),
-             prebuilt_paths(backbone.name, folder)[0].name)
+              prebuilt_paths(backbone.name, folder)[0].name)
     return True
 
 
