@@ -47,7 +47,12 @@ def _open_default_engine(settings: Settings, progress=None) -> SearchEngine:
     out = settings.resolved_index_dir()
     with _lock:
         try:
-            return open_engine(out, backbone=backbone, settings=settings)
+            engine = open_engine(out, backbone=backbone, settings=settings)
+            changed = gallery_changes(settings.gallery, engine.index)
+            if not changed:
+                return engine
+            log.info("the gallery folder changed since its index was made (%s): updating the index", changed)
+            first = False
         except IndexLoadError as exc:
             first = not (Path(out) / "CURRENT").exists()
             if not first:
@@ -63,6 +68,20 @@ def _open_default_engine(settings: Settings, progress=None) -> SearchEngine:
             log.info("first start: the gallery index of %d photos was made from the prebuilt embeddings "
                      "(nothing to embed)", len(engine.index))
         return engine
+
+
+def gallery_changes(gallery, index) -> str:
+    """An empty string when the index lists exactly the photos of the ``gallery`` folder (skipped files counted as listed),
+    else what differs ("3 photos added, 136 removed"): a gallery updated under a cached index (a new version of
+    the bundled one, photos added by hand) is indexed again, incrementally, instead of serving removed photos."""
+    from .index.walk import find_images
+
+    listed = set(find_images(Path(gallery)))
+    indexed = {str(it["path"]) for it in index.items}
+    skipped = {str(s.get("path")) for s in index.meta.get("skipped", []) if isinstance(s, dict)}
+    added, removed = listed - indexed - skipped, indexed - listed
+    parts = [f"{len(added)} photos added"] * bool(added) + [f"{len(removed)} removed"] * bool(removed)
+    return ", ".join(parts)
 
 
 def sessions_dir() -> Path:

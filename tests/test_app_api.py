@@ -13,7 +13,11 @@ def test_search_endpoint_through_gradio_client(app_server, gallery_engine, galle
                                                 api_name="/search")
     data = json.loads(raw)
     assert len(gallery) == 4 and len(data["results"]) == 4
-    assert all("cat" in gallery_labels[r["path"]] for r in data["results"][:3])
+    from engine.search import search
+
+    direct = search(gallery_engine, text="a photo of a cat", method="text", k=4)   # the engine's own answer
+    assert [r["id"] for r in data["results"]] == [r.id for r in direct.results]
+    assert "cat" in gallery_labels[data["results"][0]["path"]]
     assert [r["rank"] for r in data["results"]] == [1, 2, 3, 4]
     assert "Timings" in explanation
     # the one contract (engine.query): k out of range is clamped and said, as on every other route
