@@ -9,10 +9,10 @@ by ``engine prepare``) does three things to the composer's checkpoint:
 2. **ramps and weight**: chosen on two validation sets, never on a test split: the *validation side of the
    held-out-domain suite* (``engine.eval.generalise``: photos, words and phrasings no trainer saw) and the
    composer's own *in-domain validation* (the offline CIR validation split, held-out sources left out). The
-   rule: first the least *shortfall*, summed over the suite's query kinds, of a kind's score below the best
+   rule: the highest sum of the suite's overall score and the in-domain R@10, less :data:`SHORTFALL_COST` times
+   the *shortfall*: summed over the suite's query kinds, how far a kind's score falls below the best
    training-free method on that kind (image only, text only or the weighted sum; score of a kind =
-   (R@1 + R@10) / 2; shortfalls within :data:`TOLERANCE` points count as none), then the highest sum of the
-   suite's overall score and the in-domain R@10. Two families compete: one global trust (weight and
+   (R@1 + R@10) / 2; shortfalls within :data:`TOLERANCE` points count as none). Two families compete: one global trust (weight and
    familiarity ramps; no kind below the prior by more than the tolerance) and the operation router's
    per-operation trust *and prior text weight* (``engine.compose.router``: "a cat instead" may lean on the
    words, "the same car in red" on the reference), found by coordinate ascent;
@@ -43,6 +43,7 @@ from ..compose.anchor import (
 )
 
 TOLERANCE = 1.0
+SHORTFALL_COST = 3.0  # a point of a kind below its best training-free method costs three points of the total
 WEIGHTS = (0.25, 0.5, 0.75, 1.0)
 QUANTILES = (0.02, 0.1, 0.25, 0.5)
 WIDTHS = (0.0, 0.02, 0.05, 0.1, 0.2)
@@ -226,10 +227,10 @@ def fit(anchor: Anchor, suite: FitSet, domain: FitSet, tolerance: float = TOLERA
     fv_in = feats[domain.name][1].numpy()
 
     def objective(ks: dict, dom: float) -> tuple:
-        """(minus the shortfall below the best training-free method, summed over kinds beyond the tolerance;
-        the suite's overall score + the in-domain R@10): compared as a pair, the shortfall first."""
+        """(the suite's overall score + the in-domain R@10 - SHORTFALL_COST x the shortfall below the best
+        training-free method, summed over the kinds beyond the tolerance; that shortfall)."""
         short = sum(max(0.0, best_free[k] - ks[k] - tolerance) for k in ks)
-        return (-round(short, 6), float(np.mean(list(ks.values()))) + dom)
+        return (float(np.mean(list(ks.values()))) + dom - SHORTFALL_COST * short, round(short, 6))
 
     def score(cfg: AnchorConfig):
         out = {}
@@ -253,28 +254,28 @@ def fit(anchor: Anchor, suite: FitSet, domain: FitSet, tolerance: float = TOLERA
         if any(ks[k] < prior_suite[k] - tolerance for k in prior_suite):
             continue
         obj = objective(ks, dom)
-        if obj > best[0]:
+        if obj[0] > best[0][0] + 1e-9:
             best_cfg, best = cfg, (obj, ks, dom)
     routed = None
     if anchor.router is not None:
         routed = _fit_routes(anchor, suite, domain, feats, table, alphas, objective, best_cfg)
-        if routed[0] > best[0]:
+        if routed[0][0] > best[0][0] + 1e-9:
             best_cfg, best = routed[1], routed[0:1] + routed[2:4]
     full_ks, full_dom = score(AnchorConfig(1.0, alpha=anchor.config.alpha))
-    report = {"rule": "first the least shortfall (beyond the tolerance) of the suite-val kinds below the best "
-                      f"training-free method (image, text or sum; tolerance {tolerance} points), then max suite overall "
-                      "+ in-domain R@10", "settings_tried": tried,
+    report = {"rule": f"max suite overall + in-domain R@10 - {SHORTFALL_COST:g} x the shortfall of the suite-val kinds "
+                      f"below the best training-free method (image, text or sum; beyond {tolerance} point)",
+              "settings_tried": tried,
               "prior": {"suite_val_kinds": _r(prior_suite), "in_domain_r10": round(prior_domain, 2)},
               "best_training_free": _r(best_free),
               "unanchored": {"suite_val_kinds": _r(full_ks), "in_domain_r10": round(full_dom, 2)},
               "chosen": {"suite_val_kinds": _r(best[1]), "in_domain_r10": round(best[2], 2)},
-              "shortfall_below_training_free": round(-best[0][0], 2),
+              "shortfall_below_training_free": round(best[0][1], 2),
               "in_domain_set": domain.name, "suite_set": suite.name}
     if routed is not None:
         report["routes"] = {"chosen": bool(best_cfg.route),
                             "trust": dict(zip(anchor.router.classes, [round(float(v), 2) for v in routed[4]])),
                             "prior_text_weight": dict(zip(anchor.router.classes, [round(float(v), 2) for v in routed[5]])),
-                            "total": round(routed[0][1], 2)}
+                            "total": round(routed[0][0], 2)}
         if best_cfg.route:
             anchor.router.trust = torch.tensor(routed[4], dtype=torch.float32)
             anchor.router.alpha = torch.tensor(routed[5], dtype=torch.float32)
@@ -320,7 +321,7 @@ def _fit_routes(anchor: Anchor, suite: FitSet, domain: FitSet, feats: dict, tabl
                 t_trial, a_trial = trust.copy(), alpha.copy()
                 t_trial[i], a_trial[i] = v, a
                 res = evaluate(t_trial, a_trial)
-                if res[0] > best[0]:
+                if res[0][0] > best[0][0] + 1e-9:
                     trust, alpha, best, moved = t_trial, a_trial, res, True
         if not moved:
             break
