@@ -15,8 +15,8 @@ def section_indexing(args, ctx):
 
     import torch
 
-    from .index.pipeline import build_index
-    from .images import load_image
+    from ..index.pipeline import build_index
+    from ..images import load_image
 
     eng = ctx["engine"]
     b = eng.backbone

@@ -125,8 +125,6 @@ FAMILIES = ("colour", "light", "category", "compose-object", "compose-look", "un
 
 
 def _unit(key: str) -> float:
-    from .builders.common import unit_hash
-
     return unit_hash(SEED, f"open-vocab:{key}")
 
 
