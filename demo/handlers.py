@@ -12,15 +12,30 @@ from pathlib import Path, PurePath
 from typing import Any, Optional
 
 import gradio as gr
+from PIL import Image
 
+from engine.compare import compare
 from engine.errors import EngineError
+from engine.expand.lattqe import keeps_query_note, validation_shortfall
+from engine.export import export_contact_sheet, export_json
+from engine.images import load_image
 from engine.search import SearchEngine, search
 from engine.service import open_session, session_engine, session_index_types
 from engine.share import from_query_string, reference_file, resolve_reference, state_for, to_query_string
 
-from .formatting import (EXPANDER_LABELS, LABELS, backbone_markdown, compare_html, compare_summary_markdown, esc, explanation_markdown,
-                         gallery_items, index_markdown, plain_summary)
-
+from .formatting import (
+    EXPANDER_LABELS,
+    LABELS,
+    backbone_markdown,
+    compare_html,
+    compare_summary_markdown,
+    esc,
+    expansion_note,
+    explanation_markdown,
+    gallery_items,
+    index_markdown,
+    plain_summary,
+)
 
 log = logging.getLogger(__name__)
 GENERIC_ERROR = "The server could not handle this request; check the inputs and try again."
@@ -100,7 +115,6 @@ def result_as_reference(engine: SearchEngine, ids, evt: gr.SelectData):
     if engine is None or not ids or evt is None or evt.index is None:
         return gr.update()
     if isinstance(engine, str):  # an uploaded gallery: its folder is not served, so hand over the pixels
-        from engine.images import load_image
 
         try:
             eng = session_engine(engine)
@@ -144,8 +158,6 @@ OWN_PICKER_MAX = 200
 def own_photos(key):
     """The uploaded gallery's photos for the own-photos picker: (thumbnail items, ids); a click on one makes it
     the reference (:func:`result_as_reference`). At most OWN_PICKER_MAX are shown."""
-    from PIL import Image
-
     eng = session_engine(key) if key else None
     if eng is None:
         return [], []
@@ -184,8 +196,6 @@ def summary_markdown(engine: SearchEngine) -> str:
 def lattqe_info(engine: SearchEngine) -> str:
     """The LAttQE box's note: what it does, why it is unavailable, or the engine's warning that its
     checkpoint measured worse than no expansion on its own validation queries."""
-    from engine.expand.lattqe import keeps_query_note, validation_shortfall
-
     reason = engine.expanders_unavailable.get("lattqe")
     if reason is not None:
         return f"unavailable: {reason}"
@@ -212,8 +222,6 @@ EXPANSION_HELP = ("re-form the query from its top results, then search again. AQ
 
 def expansion_done(raw) -> str:
     """The line under the LAttQE box after a search: what expansion did for that query (empty without one)."""
-    from .formatting import expansion_note
-
     try:
         data = json.loads(raw) if raw else None
     except ValueError:
@@ -320,8 +328,6 @@ UI_MAX_K, UI_MAX_NQE = 48, 128  # slider ranges; a restored link is clamped to t
 def run_compare(engine: SearchEngine, image, text, alpha, k, lattqe_on, nqe, exclude_reference=True):
     """Compare mode: returns (compare HTML, compare JSON). LAttQE columns are added when the LAttQE
     box is ticked and LAttQE is available."""
-    from engine.compare import compare
-
     lattqe = bool(lattqe_on) and "lattqe" in engine.expanders
     res = compare(engine, image=image or None, text=text, alpha=float(alpha), k=int(k), nqe=int(nqe or 0), lattqe=lattqe,
                   exclude_reference=exclude_reference is not False)
@@ -482,8 +488,6 @@ def _export_folder() -> Path:
 
 def export_json_file(engine: SearchEngine, data):
     """The last results as a JSON file (same schema as `python -m engine search --json`, or the compare JSON)."""
-    from engine.export import export_json
-
     if not data:
         raise EngineError("nothing to export yet: run a search first")
     folder = _export_folder()
@@ -495,8 +499,6 @@ def export_json_file(engine: SearchEngine, data):
 
 def export_png_file(engine: SearchEngine, data):
     """The last results as a contact-sheet PNG (rank, score and caption under each image)."""
-    from engine.export import export_contact_sheet
-
     if not data:
         raise EngineError("nothing to export yet: run a search first")
     folder = _export_folder()

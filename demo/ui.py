@@ -5,10 +5,12 @@ import dataclasses
 import functools
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, Optional
 
 import gradio as gr
 
+from engine.background import start_for
 from engine.config import Settings
 from engine.search import SearchEngine
 from engine.service import SESSIONS, drop_session_engine, load_default_engine
@@ -211,8 +213,6 @@ def _result_panels(prefix: str, with_compare: bool, c: SearchPanel) -> None:
 
 def _gallery_picker(engine: SearchEngine):
     """A browsable, searchable grid of the gallery; a click makes the image the reference (wired by the caller)."""
-    from types import SimpleNamespace
-
     items, ids, note, page = h.browse_gallery(engine)
     p = SimpleNamespace()
     with gr.Accordion("Pick the reference from the gallery", open=False, elem_id="picker-box"):
@@ -235,8 +235,6 @@ def _gallery_picker(engine: SearchEngine):
 
 def _prepare_status(engine: SearchEngine, method, lattqe) -> None:
     """CIS_PREPARE: a status line fed by engine.background; the method list and LAttQE box follow it."""
-    from engine.background import start_for
-
     bg = start_for(engine)
     if bg is None:
         return

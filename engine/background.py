@@ -14,7 +14,8 @@ import threading
 from typing import Optional
 
 from .config import Settings
-from .prepare import PARTS, Status
+from .errors import CheckpointError
+from .prepare import PARTS, Status, prepare
 
 log = logging.getLogger(__name__)
 LABEL = {"context-i2w": "Context-I2W", "rtic": "RTIC", "lattqe": "LAttQE", "ics": "ICS-64 index"}
@@ -43,7 +44,6 @@ def refresh(engine) -> list:
     returns the names that became available."""
     from .compose import COMPOSERS
     from .compose.base import ComposerUnavailable
-    from .errors import CheckpointError
     from .expand import EXPANDERS, ExpanderUnavailable
 
     ckpt, bb, new = engine.settings.checkpoints, engine.backbone, []
@@ -88,8 +88,6 @@ class BackgroundPrepare:
         return self
 
     def _run(self) -> None:
-        from .prepare import prepare
-
         status, engine = self.status, self.engine
         original = dict.__setitem__
 

@@ -1,15 +1,20 @@
 """Checks shared by every learned part's checkpoint loader."""
 from __future__ import annotations
 
+import argparse
 import contextlib
+import json
 import logging
 import os
+import re
 import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, Optional
 
+from .config import ASSETS, Settings, cache_dir
 from .errors import CheckpointError
+from .fileio import atomic_path, atomic_write_text
 
 
 def require_backbone(path: os.PathLike, stored: Optional[str], live: Optional[str], how_to_retrain: str = "") -> None:
@@ -110,8 +115,6 @@ def save_training_state(path: os.PathLike, state: dict) -> None:
     """Writes a trainer's resume state atomically (``torch.save`` of tensors and plain values only)."""
     import torch
 
-    from .fileio import atomic_path
-
     with atomic_path(path) as tmp:
         torch.save(state, tmp)
 
@@ -145,8 +148,6 @@ ENV_VAR = "CIS_CHECKPOINTS"  # read by engine.config.Settings (checkpoints_given
 
 def bundled_dir() -> Path:
     """The checkpoints shipped with the repository."""
-    from .config import ASSETS
-
     return ASSETS / "checkpoints"
 
 
@@ -154,8 +155,6 @@ def prepared_dir(create: bool = False) -> Path:
     """Where ``python -m engine prepare`` and the Space's background prepare put checkpoints by default
     (inside the cache dir, so a mounted persistent volume keeps them between starts; ``CIS_PREPARED_DIR``
     overrides it)."""
-    from .config import Settings, cache_dir
-
     given = Settings().prepared_dir
     path = Path(given) if given else cache_dir() / "checkpoints"
     if create:
@@ -165,8 +164,6 @@ def prepared_dir(create: bool = False) -> Path:
 
 def slug(name: str) -> str:
     """File-name form of a backbone name or fingerprint (the ``@hash`` part of a fingerprint is dropped)."""
-    import re
-
     base = str(name).split("@", 1)[0]
     return re.sub(r"[^A-Za-z0-9]+", "-", base).strip("-").lower() or "backbone"
 
@@ -182,8 +179,6 @@ def search_dirs(checkpoint_dir=None) -> list:
     be given separated by ``os.pathsep``), then :func:`prepared_dir`, then :func:`bundled_dir`; duplicates
     are dropped, keeping their first position."""
     if checkpoint_dir in (None, ""):
-        from .config import Settings
-
         checkpoint_dir = Settings().checkpoints_given
     raw = checkpoint_dir
     entries = [str(p) for p in raw] if isinstance(raw, (list, tuple)) else str(raw).split(os.pathsep)
@@ -322,11 +317,7 @@ def make_record(part_name: str, fingerprint: str, config: dict, recipe: Optional
 def write(path: os.PathLike, tensors: Dict[str, Any], record: dict) -> Path:
     """Writes ``tensors`` + ``record`` as ``path`` (.safetensors) and the record as its ``.json`` sidecar, each
     atomically (temporary file, then rename)."""
-    import json
-
     from safetensors.torch import save_file
-
-    from .fileio import atomic_path, atomic_write_text
 
     part(record.get("part", ""))
     if record.get("format") != RECORD_FORMAT or not record.get("backbone_fingerprint"):
@@ -344,8 +335,6 @@ def write(path: os.PathLike, tensors: Dict[str, Any], record: dict) -> Path:
 
 def _legacy_record(path: Path, meta: dict) -> dict:
     """A format-1 file's record in the schema (``format`` 1), or CheckpointError naming the file."""
-    import json
-
     for name in ("rtic", "context_i2w"):
         if name in meta:
             old = json.loads(meta[name])
@@ -373,8 +362,6 @@ def _legacy_record(path: Path, meta: dict) -> dict:
 def read_record(path: os.PathLike) -> dict:
     """The record of a checkpoint file (any format, normalised to the schema) without loading its tensors;
     ``record["file"]`` is the file name. CheckpointError names the file when it has none."""
-    import json
-
     from safetensors import safe_open
 
     path = Path(path)
@@ -485,8 +472,6 @@ def inventory(checkpoint_dir=None) -> Dict[str, list]:
 
 
 def main(argv=None) -> int:
-    import argparse
-
     ap = argparse.ArgumentParser(prog="python -m engine.checkpoints",
                                  description="Inspect or convert learned-part checkpoints.")
     sub = ap.add_subparsers(dest="command", required=True)
@@ -496,7 +481,6 @@ def main(argv=None) -> int:
     s = sub.add_parser("show", help="print a checkpoint's record")
     s.add_argument("file")
     args = ap.parse_args(argv)
-    import json
 
     if args.command == "convert":
         print(f"wrote {convert(args.part, args.file)}")

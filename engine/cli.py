@@ -6,14 +6,18 @@ import errno
 import importlib
 import json
 import logging
+import subprocess
 import sys
+import time
 from pathlib import Path
 
+from .checkpoints import inventory
+from .config import Settings
 from .errors import EngineError
 
 # sub-commands whose implementation lives in another module: name -> (module, help)
 TRAINERS = {
-    "context-i2w": ("engine.train.context_i2w", "Context-I2W pseudo-word mapper"),
+    "context-i2w": ("engine.train.context_i2w.cli", "Context-I2W pseudo-word mapper"),
     "rtic": ("engine.train.rtic", "RTIC composer (add --gcn for the GCN stream)"),
     "lattqe": ("engine.train.lattqe", "LAttQE query expansion"),
     "ics": ("engine.train.ics", "ICS hashing head"),
@@ -27,8 +31,6 @@ def _add_backbone(p):
 
 
 def _settings(args):
-    from .config import Settings
-
     s = Settings()
     if getattr(args, "backbone", None):
         s.backbone = args.backbone
@@ -39,9 +41,6 @@ def _settings(args):
 
 def _info_bench() -> int:
     """Time ``python -m engine info`` against a bare ``import torch``, both in fresh processes, in one run."""
-    import subprocess
-    import time
-
     def timed(argv):
         t = time.perf_counter()
         subprocess.run([sys.executable, *argv], check=True, stdout=subprocess.DEVNULL)
@@ -90,7 +89,6 @@ def cmd_info(args) -> int:
         out["backbones"] = BACKBONES.names()
         out["composers"] = COMPOSERS.names()
         out["expanders"] = EXPANDERS.names()
-        from .checkpoints import inventory
 
         out["checkpoints"] = inventory(s.checkpoints)  # every learned part on the search path, any backbone
     print(json.dumps(out, indent=2, default=str))
@@ -122,8 +120,8 @@ def cmd_index(args) -> int:
 
 
 def cmd_search(args) -> int:
-    from .search import open_engine, search
     from .backbones import create_backbone
+    from .search import open_engine, search
 
     s = _settings(args)
     eng = open_engine(args.index, settings=s, backbone=create_backbone(s.backbone, s.device, settings=s) if args.backbone else None,

@@ -17,10 +17,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence
 
-from .errors import EngineError
+from .backbones import create_backbone
+from .config import Settings
+from .errors import EngineError, InputError
 from .labels import expand_label, method_label
-from .search import DEFAULT_NQE, SearchEngine, SearchResponse, search
-
+from .search import DEFAULT_NQE, SearchEngine, SearchResponse, open_engine, search
 
 
 def column_key(method: str, expand: str = "none") -> str:
@@ -95,8 +96,6 @@ def compare(engine: SearchEngine, image=None, text: Optional[str] = None, alpha:
     image) are raised.
     """
     if image is None and not (text or "").strip():
-        from .errors import InputError
-
         raise InputError("give a reference image, a modification text, or both")
     t0 = time.perf_counter()
     ref_hash = None
@@ -161,10 +160,6 @@ def format_text(result: CompareResult, top: int = 5) -> str:
 
 
 def main(argv=None) -> int:
-    from .backbones import create_backbone
-    from .config import Settings
-    from .search import open_engine
-
     p = argparse.ArgumentParser(prog="python -m engine compare",
                                 description="Run one query through every available method, side by side")
     p.add_argument("--index", required=True, help="index folder")

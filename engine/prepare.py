@@ -37,9 +37,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib
 import io
 import json
 import os
+import shutil
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,8 +50,13 @@ from typing import Dict, List, Optional, Sequence
 
 from .checkpoints import PARTS as CHECKPOINT_PARTS
 from .checkpoints import file_name, find, prepared_dir, read_record, slug
-from .config import Settings
+from .config import Settings, resolve_device
+from .data.formats import build_command
+from .defaults import engine_defaults
 from .errors import EngineError, InputError
+from .fetch import ChecksumError, _check_hex, fetch_verified
+from .fileio import atomic_write_text
+from .train.budget import train_deadline
 
 PARTS = ("context-i2w", "rtic", "lattqe", "ics")
 # training options of the shipped packaged checkpoints, so a prepared part is trained the same way
@@ -120,10 +128,6 @@ def target_path(part: str, backbone, out: Path) -> Path:
 def _run_trainer(module: str, argv: List[str], quiet: bool) -> float:
     """Runs ``module.main(argv)`` in this process; returns its wall time. Trainer stdout (JSON summaries)
     is swallowed; their tqdm bars (stderr) show unless ``quiet``."""
-    import importlib
-
-    import threading
-
     mod = importlib.import_module(module)
     t0 = time.perf_counter()
     # trainers print JSON summaries; the CLI swallows them (the table says it all). In a background
@@ -183,7 +187,7 @@ def _argv(part: str, spec: str, device: str, out: Path, run_dir: Path, units: in
     return a
 
 
-MODULES = {"context-i2w": "engine.train.context_i2w", "rtic": "engine.train.rtic",
+MODULES = {"context-i2w": "engine.train.context_i2w.cli", "rtic": "engine.train.rtic",
            "lattqe": "engine.train.lattqe", "ics": "engine.train.ics"}
 # probe sizes and how units scale: (probe units, full-size units, callable(units_budget) -> units)
 PROBE = {"context-i2w": (128, 1), "rtic": (1,), "lattqe": (1, 128), "ics": (5,)}
@@ -236,8 +240,6 @@ def _held_out(part: str, sidecar: dict) -> str:
 
 
 def _annotate(path: Path, info: dict) -> dict:
-    from .fileio import atomic_write_text
-
     side = path.with_suffix(".json")
     record = json.loads(side.read_text()) if side.is_file() else {}
     record["prepare"] = info
@@ -252,7 +254,6 @@ def prepare(backbone: str = "auto", out: Optional[os.PathLike] = None, parts: Se
     """Makes ``parts`` available for ``backbone``; returns one :class:`Row` per part (see module doc).
     ``settings`` (default: read now) gives the ``CIS_CHECKPOINTS`` folders searched after ``out``."""
     from .backbones import create_backbone
-    from .config import Settings, resolve_device
 
     settings = settings or Settings()
 
@@ -267,8 +268,6 @@ def prepare(backbone: str = "auto", out: Optional[os.PathLike] = None, parts: Se
     if context_i2w_checkpoint and not sha256:
         raise InputError("--context-i2w-checkpoint needs --sha256 HEX (the file's expected SHA-256)")
     if context_i2w_checkpoint:
-        from .fetch import _check_hex
-
         _check_hex(sha256)
     device = resolve_device(device)
     bb = create_backbone(backbone, device)
@@ -297,7 +296,6 @@ def prepare(backbone: str = "auto", out: Optional[os.PathLike] = None, parts: Se
             status.state[part] = "available"
             status.fraction[part] = 1.0
         except Exception as exc:  # one part failing does not stop the others
-            from .fetch import ChecksumError
 
             if isinstance(exc, ChecksumError):  # the wrong file: refuse the whole run, write nothing
                 raise
@@ -338,7 +336,6 @@ def build_data(parts: Sequence[str], sources: Dict[str, str], quiet: bool = Fals
     for each set that could not be built: the sentence names the command that builds it and why it is needed
     (the parts that need it then fail with it; the others go on)."""
     from .data.builders import ensure_built
-    from .data.formats import build_command
 
     missing: Dict[str, str] = {}
     for name in data_needed(parts, sources):
@@ -375,10 +372,7 @@ def _prepare_anchor(part: str, bb, search: str, out: Path) -> Row:
 def _prepare_defaults(bb, out: Path, search: str, force: bool) -> Row:
     """The default method and nQE per expander for this backbone, chosen on the validation side of the
     held-out-domain suite exactly as for the shipped backbone (``engine.eval.generalise.choose_defaults``)."""
-    from .defaults import engine_defaults
-
     t0 = time.perf_counter()
-    from .config import Settings
 
     settings = Settings(checkpoints=search)
     found = engine_defaults(bb, settings)
@@ -415,8 +409,6 @@ def _prepare_part(part, bb, spec, device, out, search, force, sources, small, qu
         if found is not None:
             return Row(part, "existing", str(found), _held_out(part, read_record(found)))
     if part == "context-i2w" and ci2w_ckpt:
-        from .fetch import fetch_verified
-
         local = fetch_verified(ci2w_ckpt, sha256, quiet=quiet, deadline=deadline)  # within the budget
         target = target_path(part, bb, out)
         _run_trainer(MODULES[part], ["--backbone", spec, "--device", device, "--checkpoint", str(local),
@@ -435,8 +427,6 @@ def _prepare_part(part, bb, spec, device, out, search, force, sources, small, qu
     plan = json.loads(plan_file.read_text()) if plan_file.is_file() else None
     module = MODULES[part]
     if plan is None or plan.get("fingerprint") != bb.fingerprint or plan.get("budget_min") != budget_min:
-        import shutil
-
         shutil.rmtree(run_dir / "run", ignore_errors=True)  # its state belongs to another plan
         probe = PROBE[part]
         status.fraction[part] = 0.05
@@ -446,12 +436,10 @@ def _prepare_part(part, bb, spec, device, out, search, force, sources, small, qu
         units = plan_units(part, probe, probe_s, seconds, small)
         plan = {"fingerprint": bb.fingerprint, "budget_min": budget_min, "budget_s": round(seconds, 1), "probe_units": list(probe),
                 "probe_s": round(probe_s, 2), "units": list(units), "small_mapper": small, "device": device}
-        from .fileio import atomic_write_text
 
         atomic_write_text(plan_file, json.dumps(plan))
     status.fraction[part] = 0.2
     status.started[part], status.planned_s[part] = time.perf_counter(), max(seconds - plan["probe_s"], 1.0)
-    from .train.budget import train_deadline
 
     # the plan is an estimate; this is the limit, leaving the part's evaluation and writing their share
     with train_deadline(min(deadline, t_part + seconds) - EVAL_RESERVE * seconds):

@@ -16,6 +16,8 @@ from .batching import TextBatcher, batch_texts
 from .config import Settings, cache_dir
 from .errors import IndexLoadError, InputError
 from .index.build import index_source
+from .index.ics_index import available_ics_types
+from .prebuilt import seed_index
 from .search import SearchEngine, open_engine
 
 log = logging.getLogger(__name__)
@@ -52,7 +54,6 @@ def _open_default_engine(settings: Settings, progress=None) -> SearchEngine:
             first = not (Path(out) / "CURRENT").exists()
             if not first:
                 log.warning("rebuilding the gallery index at %s (%s)", out, exc)
-        from .prebuilt import seed_index
 
         seeded = seed_index(settings.gallery, out, backbone)  # the bundled gallery's prebuilt embeddings, when they fit
         if first:
@@ -71,8 +72,6 @@ def sessions_dir() -> Path:
 def session_index_types(base: SearchEngine) -> list:
     """Index types offered for an uploaded gallery: ``auto`` (float vectors: exact flat search, IVF when
     large) and every ``ics-K`` compact binary index with a checkpoint for the live backbone."""
-    from .index.ics_index import available_ics_types
-
     return ["auto", *available_ics_types(base.settings.checkpoints, base.backbone.fingerprint,
                                          base.backbone.embed_dim)]
 

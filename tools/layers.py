@@ -15,7 +15,12 @@ Four rules:
    import inside a function is checked as strictly as one at the top, since only running it would tell);
 4. no import cycle between modules (lazy imports included: a cycle hidden inside a function is still one).
    Importing ``a.b.c`` from outside package ``a.b`` runs ``a/b/__init__.py`` first, so it counts as an
-   import of that package too.
+   import of that package too;
+5. an import inside a function defers something: a dependency (torch, faiss, gradio, ray, ...) that the
+   module does not load at its top, directly or through the project modules it imports there. A lazy import
+   of the standard library, of a dependency already loaded, or of a project module that loads nothing new is
+   flagged: it hides the graph and saves nothing (``lazy_without_reason``; ``LAZY_PENDING`` lists files
+   whose turn is later).
 
 Standard library only, so it runs before anything is installed.
 """
@@ -34,10 +39,19 @@ LAYERS: List[Tuple[str, Set[str]]] = [
     ("model parts", {"backbones", "compose", "expand", "index"}),
     ("search", {"search", "defaults"}),
     ("serving", {"service", "batching", "compare", "prebuilt"}),
-    ("offline: data, evaluation, training, benchmarks", {"data", "eval", "train", "prepare", "background",
-                                                         "loadtest", "bench"}),
+    ("offline data", {"data"}),
+    ("evaluation", {"eval"}),
+    ("training", {"train"}),
+    ("offline runs: preparation, load test, benchmarks", {"prepare", "background", "loadtest", "bench"}),
     ("entry points", {"cli", "__main__", "demo", "app"}),
 ]
+# function-local imports that would be flagged (rule 5) in files another change is rewriting now: path -> why they
+# wait. Keep it short; a test fails when an entry is no longer needed.
+LAZY_PENDING: Dict[str, str] = {
+    "engine/compose/anchor.py": "the learned composers' prior anchor, being reworked on the lead's branch",
+    "engine/defaults.py": "the page defaults, being reworked on the lead's branch",
+    "engine/train/anchor_fit.py": "the anchor fit, being reworked on the lead's branch",
+}
 RUNTIME = {"backbones", "compose", "expand", "index", "search", "service", "batching", "demo"}
 OFFLINE_ONLY = {"bench", "eval", "train", "loadtest"}
 
@@ -118,7 +132,12 @@ def check(root: Path = ROOT) -> Tuple[Dict[str, Dict[str, Set[str]]], List[str]]
             elif src in RUNTIME and dst in OFFLINE_ONLY:
                 problems.append(f"{where}: runtime unit {src} imports {target} ({dst} is offline-only)")
     problems += unresolved(root)
-    problems += [f"import cycle: {' -> '.join(ring + ring[:1])} (see module_graph for the lines)" for ring in cycles(root)]
+    problems += [p for p in lazy_without_reason(root) if p.split(":")[0] not in LAZY_PENDING]
+    modules = _modules(root)
+    for ring in cycles(root):
+        arrows = [f"{modules[a].relative_to(root)}:{line} -> {b}" for a in ring
+                  for b, line in sorted(module_graph(root)[a].items()) if b in ring]
+        problems.append(f"import cycle between {', '.join(ring)}: {'; '.join(arrows)}")
     return graph, problems
 
 

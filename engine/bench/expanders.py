@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..search import search
-from ..train.lattqe import bench_expanders
+from ..eval.expanders import bench_expanders
 from .base import SECTIONS
 
 

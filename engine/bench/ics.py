@@ -18,25 +18,28 @@
 """
 from __future__ import annotations
 
+import re
 import time
 from pathlib import Path
 from typing import Dict, Optional, Sequence
 
 import numpy as np
+import torch
 
+from ..config import ROOT
+from ..data import fashion_mnist as fm
 from ..eval.metrics import approximate_recall, exact_top_ids, map_at_n
+from ..fileio import atomic_save_figure
 from ..index.ics import ICSConfig, labels_to_matrix
 from ..index.ics_baselines import ITQHasher, LSHHasher
 from ..index.ics_index import CompactBinaryIndex
 from ..sysinfo import load_average
-from ..train.ics import candidate_recall, train_ics
+from ..train.ics import candidate_recall, label_matrix, offline_multilabel, train_ics
 from .base import SECTIONS
 
 
 def fashion_mnist_features(pca: int = 128, seed: int = 0):
     """(70000, pca) L2-normalised PCA features of raw pixels (PCA fitted on the 60k train images) and labels."""
-    from ..data import fashion_mnist as fm
-
     xtr, ytr = fm.load("train")
     xte, yte = fm.load("test")
     x = np.concatenate([xtr, xte]).reshape(len(xtr) + len(xte), -1).astype(np.float32) / 255.0
@@ -245,8 +248,6 @@ def bench_ics(bits_list: Sequence[int] = (16, 32, 64, 128), epochs: int = 8, rer
               million: int = 1_000_000, dim: int = 512, queries: int = 1000, multilabel_backbone: Optional[str] = None,
               multilabel_epochs: int = 100, progress: bool = False, threads: int = 1) -> Dict:
     """All figures of the ICS section (see the module docstring). ``million=0`` skips the 1M part."""
-    import torch
-
     torch.set_num_threads(1)
     figures: Dict = {"maps": []}
     x, y = fashion_mnist_features()
@@ -257,7 +258,6 @@ def bench_ics(bits_list: Sequence[int] = (16, 32, 64, 128), epochs: int = 8, rer
     figures["maps"].append(table)
     if multilabel_backbone:
         from ..backbones import create_backbone
-        from ..train.ics import label_matrix, offline_multilabel
 
         sets = offline_multilabel(create_backbone(multilabel_backbone, "cpu"))
         tr_y, vocab = label_matrix(sets["train"][1])
@@ -387,7 +387,6 @@ def plot_maps(fig: Dict, path: Path) -> Path:
         ax.set_ylabel(f"mAP@{t['top']}")
         ax.set_title(t["set"], fontsize=9)
         ax.legend(fontsize=8)
-    from ..fileio import atomic_save_figure
 
     return atomic_save_figure(f, path)
 
@@ -395,14 +394,10 @@ def plot_maps(fig: Dict, path: Path) -> Path:
 @SECTIONS.register("ics")
 def section_ics(args, ctx):
     """``python -m engine bench --only ics``: markdown + figures; also writes docs/ics_map.png."""
-    from ..config import ROOT
-
     million = max(getattr(args, "sizes", [1_000_000]) or [1_000_000])
     threads = getattr(args, "ics_threads", 1)
     flags = f" --ics-threads {threads}" if threads != 1 else ""
     if getattr(args, "ics_million_only", False):
-        import torch
-
         torch.set_num_threads(1)
         fig = {"million": million_table(million, getattr(args, "dim", 512), progress=True, threads=threads)}
         kept = _previous_tables(Path(args.out)) if getattr(args, "out", "") else ""
@@ -419,8 +414,6 @@ def section_ics(args, ctx):
 
 def _previous_tables(path: Path):
     """(markdown of the mAP / recall tables and plot of the last full ICS run in ``path``, its date or '')."""
-    import re
-
     try:
         text = path.read_text()
     except OSError:

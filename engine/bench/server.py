@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 import json
+import socket
+import subprocess
+import sys
+import tempfile
 import time
+import urllib.request
 from pathlib import Path
 
 from ..config import ROOT, Settings, child_environment
@@ -13,11 +18,6 @@ from .base import SECTIONS
 @SECTIONS.register("startup")
 def section_startup(args, ctx):
     """Time until `python app.py` answers, and its resident memory then (index already built)."""
-    import socket
-    import subprocess
-    import sys
-    import urllib.request
-
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
@@ -51,9 +51,6 @@ def section_startup(args, ctx):
 @SECTIONS.register("info")
 def section_info(args, ctx):
     """`python -m engine info --bench`: info answered without loading models vs a bare `import torch`."""
-    import subprocess
-    import sys
-
     out = subprocess.run([sys.executable, "-m", "engine", "info", "--bench"], cwd=ROOT, capture_output=True, text=True)
     text = out.stdout.strip() or out.stderr.strip()[-2000:]
     return ("`python -m engine info` answers from the configuration without loading any model (`--load` loads the "
@@ -65,10 +62,6 @@ def section_info(args, ctx):
 @SECTIONS.register("loadtest")
 def section_loadtest(args, ctx):
     """`python -m engine loadtest --clients 20 --duration 45` against a fresh `python app.py`: both routes."""
-    import subprocess
-    import sys
-    import tempfile
-
     cmd = "python -m engine loadtest --clients 20 --duration 45"
     with tempfile.TemporaryDirectory() as tmp:
         summary_path = Path(tmp) / "loadtest.json"

@@ -6,6 +6,8 @@ import time
 
 import torch
 
+from ..backbones import create_backbone
+from ..config import Settings
 from ..loadtest import TEXTS
 from ..sysinfo import load_average
 from .base import SECTIONS
@@ -19,9 +21,6 @@ def section_text_batch(args=None, ctx=None) -> tuple:
     if ctx and ctx.get("engine") is not None:
         backbone = ctx["engine"].backbone
     else:
-        from ..backbones import create_backbone
-        from ..config import Settings
-
         s = (ctx or {}).get("settings") or Settings()
         backbone = create_backbone(s.backbone, s.device, settings=s)
     encode = backbone.encode_texts

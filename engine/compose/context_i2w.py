@@ -45,10 +45,11 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..errors import CheckpointError, InputError
-from .anchor import Anchor, load_anchor, operation_text, split_state
-from .base import COMPOSERS, Composer, ComposerUnavailable, Composition, Query, normalise
 from ..checkpoints import figures_of, find, load, make_record, write
+from ..config import Settings
+from ..errors import CheckpointError, InputError
+from .anchor import Anchor, load_anchor, operation_text, prior_only, split_state
+from .base import COMPOSERS, Composer, ComposerUnavailable, Composition, Query, normalise
 
 TEMPLATE_MARK = "*"  # where S* goes in a written template; the prompt holds the placeholder token there
 DEFAULT_TEMPLATE = "a photo of * , {text}"
@@ -513,8 +514,6 @@ class ContextI2WComposer(Composer):
 
     @torch.no_grad()
     def compose(self, query: Query) -> Composition:
-        from .anchor import prior_only
-
         if not (query.has_image and query.text and query.text.strip()):
             return prior_only(self, query, "Context-I2W puts the image into a text")
         if query.image_tokens is None:
@@ -546,8 +545,6 @@ class ContextI2WComposer(Composer):
 def load_context_i2w_composer(backbone, checkpoint_dir=None) -> ContextI2WComposer:
     """The composer for ``backbone`` from the best checkpoint on the search path (engine.checkpoints.find)."""
     if checkpoint_dir is None:
-        from ..config import Settings
-
         checkpoint_dir = Settings().checkpoints
     found = find("context-i2w", backbone.fingerprint, checkpoint_dir)
     if not found:

@@ -35,8 +35,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..checkpoints import figures_of, find, load, make_record, write
+from ..config import Settings
 from ..errors import CheckpointError
-from .anchor import Anchor, load_anchor, operation_text, split_state
+from .anchor import Anchor, load_anchor, operation_text, prior_only, split_state
 from .base import COMPOSERS, Composer, ComposerUnavailable, Composition, Query, normalise
 
 LEGACY_NEGATIVE_SLOPE = 0.2  # the slope of checkpoints whose config does not record one
@@ -246,8 +247,6 @@ class RTICComposer(Composer):
 
     @torch.no_grad()
     def compose(self, query: Query) -> Composition:
-        from .anchor import prior_only
-
         if not (query.has_image and query.text and query.text.strip()):
             return prior_only(self, query, "RTIC corrects a composition of an image and a text")
         enc = self.backbone.encode_texts([query.text])
@@ -281,8 +280,6 @@ def load_rtic_composer(backbone, checkpoint_dir=None, variant: Optional[str] = N
     there is one (never chosen by test-split numbers), else the GCN-trained one.
     """
     if checkpoint_dir is None:
-        from ..config import Settings
-
         checkpoint_dir = Settings().checkpoints
     found = find_rtic(backbone.fingerprint, checkpoint_dir, variant)
     if not found:

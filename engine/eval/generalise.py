@@ -32,6 +32,14 @@ import numpy as np
 import torch
 
 from ..config import Settings
+from ..data.rules import unit_hash
+from ..data.formats import image_path, load_split
+from ..data.heldout import is_held_out, words
+from ..data.vocabulary import training_vocabulary, training_texts
+from ..data.tone import edited_file
+from .generalise_open import open_queries
+from ..defaults import gallery_nqe, write_defaults, engine_defaults
+from .hubness import hubness
 
 SIDES = ("val", "test")
 SEED = 0
@@ -85,10 +93,6 @@ class Suite:
 
 def held_out_photos(seed: int = SEED) -> List[dict]:
     """[{image (Path), name, group, source, side}] of every held-out photo, with its suite side."""
-    from ..data.builders.common import unit_hash
-    from ..data.formats import image_path, load_split
-    from ..data.heldout import is_held_out, training_vocabulary, words
-
     vocab = training_vocabulary()
     out = []
     for split in ("train", "val", "test"):
@@ -111,10 +115,6 @@ SUITE_SETS = ("captions", "cir")
 
 def build_suite(side: str, seed: int = SEED, edit_root=None) -> Suite:
     """The ``side`` half of the suite (edited versions written once under the cache, like the tone edits)."""
-    from ..data.heldout import training_texts
-    from ..data.tone import edited_file
-    from .generalise_open import open_queries
-
     from ..data.builders import ensure_built
 
     if side not in SIDES:
@@ -223,8 +223,7 @@ def rank_suite(qvecs: np.ndarray, suite: Suite, gallery, gemb, pos, expander=Non
                fraction: float = 1.0, floor: float = -1.0) -> np.ndarray:
     """1-based best target rank of every query (reference left out); with ``expander``, re-ranked after
     expanding from the first ``gallery_nqe(nqe, gallery size)`` results of the query's own gallery."""
-    from ..defaults import gallery_nqe
-    from .offline import rank_queries
+    from .cir import rank_queries
 
     ranks = np.zeros(len(suite.queries), np.int64)
     for g, members in suite.galleries.items():
@@ -241,7 +240,7 @@ def rank_suite(qvecs: np.ndarray, suite: Suite, gallery, gemb, pos, expander=Non
 def evaluate(backbone, settings: Settings, side: str, composers: Optional[dict] = None, expanders: bool = True,
              defaults: Optional[dict] = None) -> dict:
     """Every composer (and, with ``expanders``, every expander at the page defaults) on one side."""
-    from .offline import cir_composers, compose_queries
+    from .cir import cir_composers, compose_queries
 
     suite = build_suite(side)
     gallery, gemb, pos, ref_emb, ref_paths = suite_tensors(backbone, suite)
@@ -254,8 +253,6 @@ def evaluate(backbone, settings: Settings, side: str, composers: Optional[dict] 
     for name, vecs in qv.items():
         results[(name, "none")] = summarise(rank_suite(vecs, suite, gallery, gemb, pos), kinds)
     if expanders:
-        from ..defaults import engine_defaults
-
         d = defaults or engine_defaults(backbone, settings)
         for ex_name, ex in _expanders(backbone, settings).items():
             for name, vecs in qv.items():
@@ -272,8 +269,6 @@ USED = 0.25  # a learned correction counts as used on a query when its share tau
 
 def suite_hubness(qv: dict, suite: Suite, gemb: np.ndarray, pos: dict, k: int = 10) -> dict:
     """{method: {gallery: hubness of its top k}} (engine.eval.hubness), the reference left out."""
-    from .hubness import hubness
-
     out: dict = {}
     for g, members in suite.galleries.items():
         sel = [i for i, q in enumerate(suite.queries) if q["gallery"] == g]
@@ -288,7 +283,7 @@ def suite_hubness(qv: dict, suite: Suite, gemb: np.ndarray, pos: dict, k: int = 
 
 
 def _expanders(backbone, settings: Settings) -> dict:
-    from .offline import available_expanders
+    from .cir import available_expanders
 
     return available_expanders(backbone, settings)
 
@@ -349,8 +344,6 @@ def choose_defaults(backbone, settings: Settings, out: Optional[Path] = None) ->
     """Evaluates the validation side, chooses (:func:`choose`) and writes the defaults record for ``backbone``
     into ``out`` (default: assets/checkpoints). Returns (evaluation, choice, record path). Used by
     ``--choose`` and by ``engine prepare`` after it trained a composer for a new backbone."""
-    from ..defaults import write_defaults
-
     ev = evaluate(backbone, settings, "val", expanders=False)
     chosen = choose(backbone, settings, ev)
     path = write_defaults(backbone, chosen, out, command="python -m engine eval generalise --side val --choose")

@@ -8,6 +8,8 @@ file is never embedded twice.
 from __future__ import annotations
 
 import hashlib
+import io
+import json
 import logging
 import os
 import time
@@ -16,11 +18,13 @@ from typing import Callable, Dict, Iterable, List, Optional, Tuple
 
 import numpy as np
 import torch
+from PIL import Image
 from torch.utils.data import DataLoader, Dataset
 
 from ..errors import InputError
+from ..expand import EXPANDERS, ExpanderUnavailable
+from ..fileio import atomic_write_bytes, atomic_write_text
 from ..images import DEFAULT_MAX_DECODE_BYTES, load_image, sha256_file
-from ..fileio import atomic_write_bytes
 from .shards import cache_folder, read_shards, write_shard  # noqa: F401  (engine.data.features uses them too)
 from .store import GalleryIndex
 from .walk import find_images, load_captions
@@ -153,8 +157,6 @@ THUMB_SUMS = "checksums.json"
 
 
 def thumbnail_bytes(img) -> bytes:
-    import io
-
     t = img.copy()
     t.thumbnail((THUMB_SIZE, THUMB_SIZE))
     buf = io.BytesIO()
@@ -167,12 +169,6 @@ def repair_thumbnails(source: Path, thumbs: Path, items: List[dict], max_pixels:
     """Check every item's thumbnail against the SHA-256 recorded in ``thumbs/checksums.json`` and rebuild
     the damaged or missing ones from their source image (a thumbnail met for the first time is recorded when
     it decodes). Returns how many were rebuilt."""
-    import json
-
-    from PIL import Image
-
-    from ..fileio import atomic_write_text
-
     sums_path = thumbs / THUMB_SUMS
     try:
         sums = json.loads(sums_path.read_text(encoding="utf-8"))
@@ -259,7 +255,6 @@ def assemble_index(source: Path, out: Path, backbone, rel: List[str], hashes: Li
 
 
 def _dba(matrix: np.ndarray, method: str, k: int, backbone, options: dict) -> np.ndarray:
-    from ..expand import EXPANDERS, ExpanderUnavailable
     from ..expand.dba import dba_vectors
 
     model = None

@@ -22,15 +22,21 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import shutil
 import time
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
 import numpy as np
+import torch
 
-from ..config import child_environment
+from ..backbones import create_backbone
+from ..config import Settings, child_environment
 from ..errors import InputError
+from ..images import sha256_file
 from . import shards
+from .pipeline import DecodeDataset, _collate, assemble_index
+from .safezip import safe_extract_zip
 from .shards import read_shard_file, write_shard_file
 from .walk import find_images, load_captions
 
@@ -62,8 +68,6 @@ def _table_paths(source: Path) -> List[str]:
 def resolve_inputs(source, out: Path, settings=None) -> Tuple[Path, List[str]]:
     """(root folder, sorted relative POSIX paths) for a folder, zip, list file or parquet/CSV of paths.
     Relative paths in a list or table are relative to the file's own folder."""
-    from ..config import Settings
-
     settings = settings or Settings()
     source = Path(source)
     if source.is_dir():
@@ -73,10 +77,6 @@ def resolve_inputs(source, out: Path, settings=None) -> Tuple[Path, List[str]]:
         raise InputError(f"{source} is neither a folder, a .zip, a list file (.txt) nor a .parquet/.csv of paths")
     suffix = source.suffix.lower()
     if suffix == ".zip":
-        import shutil
-
-        from .safezip import safe_extract_zip
-
         files = Path(out) / "files"
         shutil.rmtree(files, ignore_errors=True)
         safe_extract_zip(source, files, max_files=settings.max_zip_files,
@@ -119,8 +119,6 @@ class ShardEmbedder:
 
     def __init__(self, backbone: str, fingerprint: str, device: str, root: str, folder: str, thumbs: str, max_pixels: int,
                  batch_size: int):
-        from ..backbones import create_backbone
-
         self.backbone = create_backbone(backbone, device)
         if self.backbone.fingerprint != fingerprint:  # e.g. "auto" resolved differently on this node
             raise RuntimeError(f"worker backbone {self.backbone.fingerprint} differs from the driver's {fingerprint}")
@@ -132,11 +130,6 @@ class ShardEmbedder:
         self.marker.write_text("0")
 
     def embed_shard(self, shard_id: str, paths: List[str]) -> int:
-        import torch
-
-        from ..images import sha256_file
-        from .pipeline import DecodeDataset, _collate
-
         hashes, nbytes, keep, failed, reasons = [], [], [], [], []
         for p in paths:
             try:
@@ -187,9 +180,6 @@ def build_index_ray(source, out, backbone, settings=None, address: Optional[str]
                     progress=None):
     """Index ``source`` on the Ray cluster at ``address`` (a new local one when None) into ``out``."""
     from tqdm.auto import tqdm
-
-    from ..config import Settings
-    from .pipeline import assemble_index
 
     settings = settings or Settings()
     out = Path(out)

@@ -13,6 +13,9 @@ from typing import Dict, List, Tuple
 import numpy as np
 import torch
 
+from ..data import open_vocab as ov
+from ..data.cir_triplets import load_offline_cir
+
 PER_CLASS = 240
 FILLS = 3  # each template written this many times, with other train words
 SEED = 0
@@ -20,9 +23,7 @@ SEED = 0
 
 def operation_texts(per_class: int = PER_CLASS, seed: int = SEED) -> List[Tuple[str, str]]:
     """[(text, operation class)] of the train side: templates x train words, at most ``per_class`` each."""
-    from ..data import open_vocab as ov
     from ..data.builders import ensure_built
-    from ..data.cir_triplets import load_offline_cir
 
     ensure_built("cir")  # the explicit build step of this trainer (quick when built): the in-domain texts
 

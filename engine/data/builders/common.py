@@ -23,6 +23,7 @@ from ...config import Settings
 from ...errors import EngineError, InputError
 from ...fileio import atomic_write_bytes
 from .. import fashion_mnist, recolour, twemoji
+from .. import sources as S
 from ..formats import (
     FORMAT_VERSION,
     datasets_root,
@@ -252,8 +253,6 @@ def photo_key(source: str, ref: str) -> str:
 
 def _source_records():
     """Photo records of every available source (lazy import of ``engine.data.sources``)."""
-    from .. import sources as S  # imported only when photos are needed
-
     out, missing = [], []
     readers = [
         ("tuxpaint", S.tuxpaint_stamps),
