@@ -333,6 +333,8 @@ def lazy_without_reason(root: Path = ROOT) -> List[str]:
             where = f"{path.relative_to(root)}:{line}"
             if target.split(".")[0] in PROJECT:
                 mods = [f"{target}.{n}" for n in names if f"{target}.{n}" in modules] or [target]
+                if any(m not in modules for m in mods):
+                    continue  # unresolved: reported by rule 3
                 extra = set().union(*(deps(m, set()) for m in mods)) - have
                 if not extra:
                     problems.append(f"{where}: lazy import of {target} defers no dependency: import it at the top")

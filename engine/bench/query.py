@@ -76,7 +76,7 @@ def section_compare(args, ctx):
     from ..compare import bench_compare
 
     eng = ctx["engine"]
-    sec = bench_compare(eng, repeats=3)
+    sec = bench_compare(eng, repeats=args.compare_repeats)
     from ..compare import compare_plan
 
     cols = len(compare_plan(eng, lattqe=None))

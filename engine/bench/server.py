@@ -61,12 +61,16 @@ def section_info(args, ctx):
 
 @SECTIONS.register("loadtest")
 def section_loadtest(args, ctx):
-    """`python -m engine loadtest --clients 20 --duration 45` against a fresh `python app.py`: both routes."""
-    cmd = "python -m engine loadtest --clients 20 --duration 45"
+    """`python -m engine loadtest --clients N --duration S` (default 20 clients, 45 s) against a fresh
+    `python app.py`: both routes."""
+    options = ["--clients", str(args.loadtest_clients), "--duration", f"{args.loadtest_duration:g}"]
+    if args.loadtest_warmup != 60.0 or args.loadtest_compute_seconds != 8.0:  # the load test's own defaults
+        options += ["--warmup", f"{args.loadtest_warmup:g}", "--compute-seconds", f"{args.loadtest_compute_seconds:g}"]
+    cmd = "python -m engine loadtest " + " ".join(options)
     with tempfile.TemporaryDirectory() as tmp:
         summary_path = Path(tmp) / "loadtest.json"
-        out = subprocess.run([sys.executable, "-m", "engine", "loadtest", "--clients", "20", "--duration", "45",
-                              "--json", str(summary_path)], cwd=ROOT, capture_output=True, text=True)
+        out = subprocess.run([sys.executable, "-m", "engine", "loadtest", *options, "--json", str(summary_path)],
+                             cwd=ROOT, capture_output=True, text=True)
         summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
     text = out.stdout.strip() or out.stderr.strip()[-2000:]
     md = (f"Targets (issue #16), all from one run: at 20 clients p50 ≤ 1.0 s with 0 errors, `served/limit ratio` "
