@@ -121,6 +121,32 @@ def test_upward_import_and_unknown_unit_are_forbidden(tmp_path):
     assert layers.check(root2)[1] == []
 
 
+# -- one server everywhere ----------------------------------------------------------------------------------
+
+
+def _launch_calls():
+    """(where, call) of every ``X.launch(...)`` in the project's code, tests and tools."""
+    files = [ROOT / "app.py", *SOURCES[:-1], *sorted((ROOT / "tests").rglob("*.py")), *sorted((ROOT / "tools").glob("*.py"))]
+    for path in dict.fromkeys(files):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "launch":
+                yield f"{_rel(path)}:{node.lineno}", node
+
+
+def test_every_launch_of_the_app_uses_launch_options():
+    """app.py, the tests, the load test and the tools start the server one way: ``**launch_options(...)``
+    (demo/launch.py), so every test meets the production server (JSON route, middleware, size limits)."""
+    found, offenders = [], []
+    for where, call in _launch_calls():
+        found.append(where)
+        kw = call.keywords
+        if not (len(kw) == 1 and kw[0].arg is None and isinstance(kw[0].value, ast.Call)
+                and getattr(kw[0].value.func, "id", "") == "launch_options" and not call.args):
+            offenders.append(where)
+    assert "app.py:" in " ".join(found) and any(w.startswith("demo/launch.py") for w in found)
+    assert not offenders, f"launch the app with demo.launch(**launch_options(...)): {offenders}"
+
+
 # -- one reader of the environment ------------------------------------------------------------------------
 
 ENV_READ = re.compile(r"\bos\.environ\b|\bos\.getenv\b|\benviron\.get\b|\bgetenv\(|\bfrom os import [^\n]*environ")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 import tempfile
@@ -12,15 +11,14 @@ import urllib.request
 from pathlib import Path
 
 from ..config import ROOT, Settings, child_environment
+from ..sysinfo import free_port
 from .base import SECTIONS
 
 
 @SECTIONS.register("startup")
 def section_startup(args, ctx):
     """Time until `python app.py` answers, and its resident memory then (index already built)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     env = child_environment(GRADIO_SERVER_PORT=str(port), GRADIO_SERVER_NAME="127.0.0.1")
     t = time.perf_counter()
     proc = subprocess.Popen([sys.executable, "app.py"], cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
