@@ -143,9 +143,6 @@ def load_training_state(path: os.PathLike, map_location="cpu") -> dict:
 #     3. the file name.
 # File modification times and stored held-out (test-split) figures never take part in the choice.
 
-ENV_VAR = "CIS_CHECKPOINTS"  # read by engine.config.Settings (checkpoints_given)
-
-
 def bundled_dir() -> Path:
     """The checkpoints shipped with the repository."""
     return ASSETS / "checkpoints"

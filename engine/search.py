@@ -471,10 +471,6 @@ def _explain(engine: SearchEngine, results: List[Result], query: Query, qvec: np
         r.explain["composed_score"] = float(v @ qvec)
 
 
-_engines: Dict[Tuple[str, str], SearchEngine] = {}
-_engines_lock = threading.Lock()
-
-
 def open_engine(index_dir, backbone: Optional[Backbone] = None, settings: Optional[Settings] = None,
                 index_type: Optional[str] = None, models_from: Optional[SearchEngine] = None) -> SearchEngine:
     """Load an index folder with the backbone it was built with (or the given one)."""

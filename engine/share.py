@@ -67,10 +67,6 @@ class QueryState:
             raise InputError(f"view in the link must be one of {', '.join(VIEWS)}")
         return self
 
-    @property
-    def has_reference(self) -> bool:
-        return self.image_id is not None or self.image_hash is not None
-
     def to_dict(self) -> dict:
         return asdict(self)
 

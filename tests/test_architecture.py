@@ -250,6 +250,41 @@ def test_no_module_or_function_over_the_limit():
     assert not fixed, f"now within the limits, remove from SIZE_ALLOWED: {fixed}"
 
 
+# -- no dead code ---------------------------------------------------------------------------------------------
+
+
+def _registered(node) -> bool:
+    return any(".register(" in ast.unparse(d) for d in node.decorator_list)
+
+
+def test_every_definition_is_used_somewhere():
+    """A module-level name or a method that no code, test, tool or doc names is dead (issue #34 found seven,
+    in search, checkpoints, share, the backbone base class, Context-I2W and the vector indexes). Definitions
+    registered in a registry (``@X.register(name)``) count as used."""
+    texts = [p.read_text(encoding="utf-8") for p in [*SOURCES, *sorted((ROOT / "tests").rglob("*.py")),
+                                                     *sorted((ROOT / "tools").glob("*.py")), *sorted(ROOT.glob("*.md")),
+                                                     *sorted((ROOT / "docs").rglob("*.md"))] if p.exists()]
+    counts: dict = {}
+    for text in texts:
+        for word in re.findall(r"[A-Za-z_][A-Za-z0-9_]*", text):
+            counts[word] = counts.get(word, 0) + 1
+    dead = []
+    for path in SOURCES:
+        for node in ast.parse(path.read_text(encoding="utf-8")).body:
+            defs = []
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and not _registered(node):
+                defs.append((node.name, node.lineno))
+            elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                defs += [(t.id, node.lineno) for t in targets if isinstance(t, ast.Name)]
+            if isinstance(node, ast.ClassDef):
+                defs += [(m.name, m.lineno) for m in node.body
+                         if isinstance(m, (ast.FunctionDef, ast.AsyncFunctionDef)) and not _registered(m)]
+            dead += [f"{_rel(path)}:{line} {name}" for name, line in defs
+                     if not name.startswith("__") and counts.get(name, 0) <= 1]
+    assert not dead, "defined and never used (remove it, or use it): " + ", ".join(dead)
+
+
 # -- no logic written twice ---------------------------------------------------------------------------------
 
 import duplicates  # noqa: E402

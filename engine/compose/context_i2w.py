@@ -506,13 +506,6 @@ class ContextI2WComposer(Composer):
         self.anchor = anchor
 
     @torch.no_grad()
-    def pseudo_word(self, tokens: torch.Tensor, prompt: str) -> torch.Tensor:
-        """S* (token_dim,) for visual tokens (1+P, W) in the context of ``prompt``."""
-        ctx = self.backbone.encode_texts([prompt]).embeddings.float()
-        tok = tokens.to(self.backbone.device).float().unsqueeze(0)
-        return self.mapper(ctx.to(self.backbone.device), tok)[0]
-
-    @torch.no_grad()
     def compose(self, query: Query) -> Composition:
         if not (query.has_image and query.text and query.text.strip()):
             return prior_only(self, query, "Context-I2W puts the image into a text")

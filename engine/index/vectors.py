@@ -197,7 +197,6 @@ IVFPQ_MIN_POINTS_PER_LIST = 39  # FAISS warns below 39 training points per coars
 IVFPQ_TRAIN_PER_LIST = 50  # k-means sample: 50 points per list (FAISS's useful range is 39..256)
 IVFPQ_DEFAULT_RERANK = 300  # candidates re-ranked exactly from float16 vectors (100 left recall@10 at 0.94 in tests)
 IVFPQ_ID_BYTES = 8  # each inverted-list entry stores an int64 id beside its code
-BUDGET_ENV = "CIS_INDEX_MEMORY_BUDGET"
 
 
 def parse_bytes(text) -> int:
