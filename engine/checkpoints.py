@@ -261,27 +261,81 @@ def figures_of(record: dict, *also: str) -> dict:
 
 
 @dataclass(frozen=True)
+class Prepare:
+    """How ``python -m engine prepare`` trains a part within a time budget (``engine.prepare``): its ``share``
+    of the budget, the ``probe`` run's units (measured, then scaled to the share), the names of those units,
+    the offline data sets it reads, and the trainer options that pick the checkpoint prepare makes (``config``).
+    A part whose trainer takes ``--backbone --device --out --epochs --quiet`` needs nothing more; the shipped
+    parts' own arguments and plans are in ``engine.prepare``."""
+    share: float = 0.15
+    probe: tuple = (1,)
+    units: tuple = ("epochs",)
+    data: tuple = ()
+    config: tuple = ()  # (key, value) pairs, e.g. (("bits", 64),)
+
+
+@dataclass(frozen=True)
 class Part:
-    """One learned part: how its files are named and found, what trains it, how its old files were stored."""
+    """One learned part, its one spec: label, files, trainer, training command, how ``prepare`` trains it, and
+    the module that registers its runtime factory (a composer, expander or vector index).
+
+    Adding a learned part: its runtime module (``@COMPOSERS.register``, ``@EXPANDERS.register``, ...), its
+    trainer module (``main(argv)``) and one entry here (docs/architecture.md, "Adding a learned part")."""
     name: str
     label: str
     stem: str  # file name prefix (file_name(stem, backbone)); ICS adds its code length: ics-64
     glob: str  # files searched for it on the search path
     train: str  # the command that makes one
     family: str  # what ``prepare`` calls it (rtic+gcn is prepared with rtic)
+    trainer: str = ""  # module whose main(argv) trains it: `python -m engine train <family>` runs it
+    runtime: str = ""  # module that registers its runtime factory (imported by its registry's package)
+    prepare: Optional[Prepare] = None  # None: prepared with its family (rtic+gcn) or not by prepare
     rank: int = 0  # tie rule between parts sharing a glob (plain RTIC before RTIC+GCN)
     sized: bool = False  # its record says the embedding size it takes (find/load with ``dim`` check it)
+    text_alone: bool = False  # a composer that answers a text without an image (falls back to its prior)
+    what: str = ""  # one line for `python -m engine train`'s usage
+
+    def command(self, **config) -> str:
+        """The training command, filled from a config (``{bits}`` of ICS; its prepare config when not given)."""
+        try:
+            return self.train.format(**{**dict(self.prepare.config if self.prepare else ()), **config})
+        except (KeyError, IndexError):
+            return self.train
+
+    def train_hint(self, **config) -> str:
+        """The sentence a loader ends with when no checkpoint fits: how to make one."""
+        return f"train one with `{self.command(**config)}` or let `python -m engine prepare --parts {self.family}` do it"
 
 
 PARTS: Dict[str, Part] = {p.name: p for p in (
     Part("context-i2w", "Context-I2W", "context_i2w", "context_i2w*.safetensors",
-         "python -m engine train context-i2w", "context-i2w"),
-    Part("rtic", "RTIC", "rtic", "rtic*.safetensors", "python -m engine train rtic --data cir", "rtic"),
+         "python -m engine train context-i2w --data captions", "context-i2w", trainer="engine.train.context_i2w.cli",
+         runtime="engine.compose.context_i2w", text_alone=True, what="Context-I2W pseudo-word mapper",
+         prepare=Prepare(share=0.45, probe=(128, 1), units=("pairs", "epochs"), data=("captions", "cir"))),
+    Part("rtic", "RTIC", "rtic", "rtic*.safetensors", "python -m engine train rtic --data cir", "rtic",
+         trainer="engine.train.rtic", runtime="engine.compose.rtic", text_alone=True,
+         what="RTIC composer (add --gcn for the GCN stream)",
+         prepare=Prepare(share=0.20, probe=(1,), units=("epochs",), data=("cir", "captions"))),
     Part("rtic+gcn", "RTIC+GCN", "rtic-gcn", "rtic*.safetensors", "python -m engine train rtic --data cir --gcn",
-         "rtic", rank=1),
-    Part("lattqe", "LAttQE", "lattqe", "lattqe*.safetensors", "python -m engine train lattqe", "lattqe", sized=True),
-    Part("ics", "ICS", "ics", "ics-*.safetensors", "python -m engine train ics --bits {bits}", "ics", sized=True),
+         "rtic", trainer="engine.train.rtic", runtime="engine.compose.rtic", rank=1, text_alone=True),
+    Part("lattqe", "LAttQE", "lattqe", "lattqe*.safetensors", "python -m engine train lattqe", "lattqe",
+         trainer="engine.train.lattqe", runtime="engine.expand.lattqe", sized=True, what="LAttQE query expansion",
+         prepare=Prepare(share=0.20, probe=(1, 128), units=("epochs", "queries_per_epoch"), data=("labelled",))),
+    Part("ics", "ICS", "ics", "ics-*.safetensors", "python -m engine train ics --bits {bits}", "ics",
+         trainer="engine.train.ics", runtime="engine.index.ics_index", sized=True, what="ICS hashing head",
+         prepare=Prepare(share=0.15, probe=(5,), units=("epochs",), data=("multilabel",), config=(("bits", 64),))),
 )}
+
+
+def runtime_modules(package: str) -> list:
+    """The modules of ``package`` that register a learned part's runtime factory (its spec's ``runtime``), in
+    table order, each once: what the registry's package imports so that every part is registered."""
+    return list(dict.fromkeys(p.runtime for p in PARTS.values() if p.runtime.startswith(package + ".")))
+
+
+def prepared_parts() -> list:
+    """The parts ``prepare`` trains, in its order (one per family)."""
+    return [p.name for p in PARTS.values() if p.prepare is not None]
 
 
 def part(name: str) -> Part:
@@ -289,14 +343,6 @@ def part(name: str) -> Part:
         return PARTS[name]
     except KeyError:
         raise CheckpointError(f"unknown learned part {name!r}; known: {', '.join(PARTS)}") from None
-
-
-def _train_command(info: Part, config: dict) -> str:
-    """The part's training command, filled from a config (``{bits}`` of ICS; 64 when unknown)."""
-    try:
-        return info.train.format(**config)
-    except (KeyError, IndexError):
-        return info.train.format(bits=64)
 
 
 def make_record(part_name: str, fingerprint: str, config: dict, recipe: Optional[dict] = None,
@@ -422,7 +468,7 @@ def load(part_name: str, path: Optional[os.PathLike] = None, fingerprint: Option
         hits = find(part_name, fingerprint, checkpoint_dir, dim, **config)
         if not hits:
             label = info.label if info else part_name
-            train = _train_command(info, config) if info else f"python -m engine prepare --parts {part_name}"
+            train = info.command(**config) if info else f"python -m engine prepare --parts {part_name}"
             raise CheckpointError(f"no {label} checkpoint for backbone {fingerprint or '?'} in "
                                   f"{describe_search_path(checkpoint_dir)}; make one with `{train}`")
         path = hits[0][0]
@@ -431,7 +477,7 @@ def load(part_name: str, path: Optional[os.PathLike] = None, fingerprint: Option
     if info is not None and record["part"] != part_name and PARTS[record["part"]].family != part_name:
         raise CheckpointError(f"{path.name} holds a {record['part']} checkpoint, not {part_name}")
     info = PARTS[record["part"]]
-    train = _train_command(info, record["config"])
+    train = info.command(**record["config"])
     require_backbone(path, record.get("backbone_fingerprint"), fingerprint, train)
     if dim is not None and _dim(record) not in (None, int(dim)):
         raise CheckpointError(f"{path.name} expects {_dim(record)}-d embeddings, not {dim}-d; "

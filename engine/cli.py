@@ -11,18 +11,17 @@ import sys
 import time
 from pathlib import Path
 
-from .checkpoints import inventory
+from .checkpoints import PARTS, inventory
 from .config import Settings
 from .errors import EngineError
 
-# sub-commands whose implementation lives in another module: name -> (module, help)
-TRAINERS = {
-    "context-i2w": ("engine.train.context_i2w.cli", "Context-I2W pseudo-word mapper"),
-    "rtic": ("engine.train.rtic", "RTIC composer (add --gcn for the GCN stream)"),
-    "lattqe": ("engine.train.lattqe", "LAttQE query expansion"),
-    "ics": ("engine.train.ics", "ICS hashing head"),
-    "anchor": ("engine.train.anchor_fit", "anchor a learned composer to the weighted sum (held-out validation)"),
-}
+ANCHOR_FIT = ("engine.train.anchor_fit", "anchor a learned composer to the weighted sum (held-out validation)")
+
+
+def trainers() -> dict:
+    """`python -m engine train NAME`: name -> (module, help) of every learned part's trainer (read from its spec,
+    engine.checkpoints.PARTS) and the anchor fit."""
+    return {**{p.family: (p.trainer, p.what) for p in PARTS.values() if p.prepare is not None}, "anchor": ANCHOR_FIT}
 
 
 def _add_backbone(p):
@@ -221,10 +220,11 @@ def main(argv=None) -> int:
         args.rest = args.rest[1:]
     try:
         if args.command == "train":
-            if not args.rest or args.rest[0] not in TRAINERS:
-                print("usage: python -m engine train {" + ",".join(TRAINERS) + "} [options]", file=sys.stderr)
+            known = trainers()
+            if not args.rest or args.rest[0] not in known:
+                print("usage: python -m engine train {" + ",".join(known) + "} [options]", file=sys.stderr)
                 return 2
-            return cmd_module(TRAINERS[args.rest[0]][0], args.rest[1:])
+            return cmd_module(known[args.rest[0]][0], args.rest[1:])
         if args.command in ("eval", "bench", "compare", "loadtest", "prepare"):
             module = {"eval": "engine.eval.cli", "bench": "engine.bench", "compare": "engine.compare",
                       "loadtest": "engine.loadtest", "prepare": "engine.prepare"}[args.command]

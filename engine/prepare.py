@@ -15,7 +15,7 @@ written into the checkpoint's ``.json`` sidecar under ``"prepare"``. The plan is
 shared machine changes); the limit is enforced by :mod:`engine.train.budget`: a part's trainer ends at the
 last epoch that fits its share of the deadline.
 
-Before training, every offline data set the asked-for parts read is built (:data:`DATA_NEEDS`: a part's trainer,
+Before training, every offline data set the asked-for parts read is built (:func:`data_needs`: a part's trainer,
 its prior anchor's fit and the defaults step), whichever parts are asked for and in whatever order. After
 training, the steps that read the held-out-domain suite run in the budget that is left, each only if some is
 left (at least :data:`SUITE_STEP_S`): the prior anchor of each composer trained (``engine.train.anchor_fit``),
@@ -49,7 +49,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
 from .checkpoints import PARTS as CHECKPOINT_PARTS
-from .checkpoints import file_name, find, prepared_dir, read_record, slug
+from .checkpoints import file_name, find, prepared_dir, prepared_parts, read_record, slug
 from .config import Settings, resolve_device
 from .data.formats import build_command
 from .defaults import engine_defaults
@@ -58,21 +58,31 @@ from .fetch import ChecksumError, _check_hex, fetch_verified
 from .fileio import atomic_write_text
 from .train.budget import train_deadline
 
-PARTS = ("context-i2w", "rtic", "lattqe", "ics")
 # training options of the shipped packaged checkpoints, so a prepared part is trained the same way
 # the shipped packaged mapper's command (docs/context_i2w.md), seed included
 CONTEXT_I2W_SMALL_RECIPE = ["--seed", "1", "--lr", "3e-4", "--warmup-steps", "30", "--gate-init", "0.3",
                             "--local-zero-init", "--global-dropout", "0.5", "--cosine-weight", "1.0"]
 RTIC_OFFLINE_RECIPE = ["--tone-edits", "--cos-weight", "0.3"]
-SHARE = {"context-i2w": 0.45, "rtic": 0.20, "lattqe": 0.20, "ics": 0.15}
-ICS_BITS = 64
-PREPARE_CONFIG = {"ics": {"bits": ICS_BITS}}  # which checkpoint of a part prepare makes and looks for
 LATTQE_SETS = "emoji,photos"
-# the offline data sets each part reads (its trainer, and for the composers the prior anchor's fit, which also
-# reads the held-out-domain suite), built before training whichever parts are asked for and in whatever order;
-# "defaults" is the step that chooses the default method on the suite
-DATA_NEEDS = {"context-i2w": ("captions", "cir"), "rtic": ("cir", "captions"), "lattqe": ("labelled",),
-              "ics": ("multilabel",), "defaults": ("captions", "cir")}
+# each part's budget share, probe, units and data sets, and the checkpoint prepare makes of it: its spec
+# (engine.checkpoints.PARTS[part].prepare); "defaults", the step that chooses the default method on the
+# held-out-domain suite, reads the suite's sets
+DEFAULTS_DATA = ("captions", "cir")
+
+
+def _spec(part: str):
+    return CHECKPOINT_PARTS[part].prepare
+
+
+def data_needs(part: str) -> tuple:
+    """The offline data sets ``part`` reads (its trainer, and for the composers the prior anchor's fit, which
+    also reads the held-out-domain suite), built before training whichever parts are asked for."""
+    return DEFAULTS_DATA if part == "defaults" else _spec(part).data
+
+
+def _config(part: str) -> dict:
+    """Which checkpoint of ``part`` prepare makes and looks for (ICS: its code length)."""
+    return dict(_spec(part).config)
 
 
 @dataclass
@@ -110,16 +120,17 @@ class Status:
 def find_existing(part: str, backbone, checkpoint_dir) -> Optional[Path]:
     """The checkpoint the layer would load for ``part`` and this backbone, or None (the table of parts,
     :data:`engine.checkpoints.PARTS`: ``rtic`` finds RTIC and RTIC+GCN)."""
-    if part not in PARTS:
-        raise InputError(f"unknown part {part!r}; choose from {', '.join(PARTS)}")
-    hits = find(part, backbone.fingerprint, checkpoint_dir, dim=backbone.embed_dim, **PREPARE_CONFIG.get(part, {}))
+    if part not in prepared_parts():
+        raise InputError(f"unknown part {part!r}; choose from {', '.join(prepared_parts())}")
+    hits = find(part, backbone.fingerprint, checkpoint_dir, dim=backbone.embed_dim, **_config(part))
     return hits[0][0] if hits else None
 
 
 def target_path(part: str, backbone, out: Path) -> Path:
     """``<stem>-<backbone slug>.safetensors`` in ``out`` (ICS: ``ics-<bits>``, named by the fingerprint)."""
-    stem = CHECKPOINT_PARTS[part].stem + (f"-{ICS_BITS}" if part == "ics" else "")
-    return out / file_name(stem, backbone.name if part != "ics" else backbone.fingerprint)
+    bits = _config(part).get("bits")
+    stem = CHECKPOINT_PARTS[part].stem + (f"-{bits}" if bits else "")
+    return out / file_name(stem, backbone.name if not bits else backbone.fingerprint)
 
 
 # -- running the trainers -------------------------------------------------------------------------------
@@ -177,20 +188,19 @@ def _argv(part: str, spec: str, device: str, out: Path, run_dir: Path, units: in
              target_path(part, _BB[spec], out).stem, "--epochs", str(epochs), "--queries-per-epoch", str(queries)]
         if probe:
             a += ["--eval-queries", "16", "--val-queries", "32"]
-    else:
+    elif part == "ics":
         (epochs,) = units
-        a = [*common, "--data", "multilabel", "--bits", str(ICS_BITS), "--epochs", str(epochs), "--out", str(out)]
+        a = [*common, "--data", "multilabel", "--bits", str(_config(part)["bits"]), "--epochs", str(epochs),
+             "--out", str(out)]
+    else:  # a part with the plain trainer options (engine.checkpoints.Prepare)
+        a = [*common, "--out", str(out), "--epochs", str(units[0])]
     if part in ("rtic", "context-i2w"):
         a.append("--no-anchor")  # the prior anchor is its own step after training, within the budget (_prepare_anchor)
-    if quiet and part in ("lattqe", "ics", "rtic", "context-i2w"):
+    if quiet:
         a.append("--quiet")
     return a
 
 
-MODULES = {"context-i2w": "engine.train.context_i2w.cli", "rtic": "engine.train.rtic",
-           "lattqe": "engine.train.lattqe", "ics": "engine.train.ics"}
-# probe sizes and how units scale: (probe units, full-size units, callable(units_budget) -> units)
-PROBE = {"context-i2w": (128, 1), "rtic": (1,), "lattqe": (1, 128), "ics": (5,)}
 _BB: Dict[str, object] = {}
 
 
@@ -218,7 +228,9 @@ def plan_units(part: str, probe_units, probe_s: float, seconds: float, small: bo
         total = int(left / per_q)
         queries = max(128, min(2048, total // 4))
         return max(1, min(40, total // queries)), queries
-    return (max(5, min(60, int(left / probe_s * probe_units[0]))),)
+    if part == "ics":
+        return (max(5, min(60, int(left / probe_s * probe_units[0]))),)
+    return (max(1, int(left / probe_s * probe_units[0])),)  # epochs, linear in time
 
 
 def _held_out(part: str, sidecar: dict) -> str:
@@ -247,7 +259,7 @@ def _annotate(path: Path, info: dict) -> dict:
     return record
 
 
-def prepare(backbone: str = "auto", out: Optional[os.PathLike] = None, parts: Sequence[str] = PARTS,
+def prepare(backbone: str = "auto", out: Optional[os.PathLike] = None, parts: Optional[Sequence[str]] = None,
             budget_min: float = 30.0, data: Sequence[str] = (), force: bool = False,
             context_i2w_checkpoint: Optional[str] = None, sha256: Optional[str] = None, device: str = "auto",
             quiet: bool = False, status: Optional[Status] = None, settings=None) -> List[Row]:
@@ -258,10 +270,11 @@ def prepare(backbone: str = "auto", out: Optional[os.PathLike] = None, parts: Se
     settings = settings or Settings()
 
     t_start = time.perf_counter()  # the budget counts from here: loading the backbone is part of it
-    parts = [p.strip() for p in parts if p.strip()]
-    bad = [p for p in parts if p not in PARTS]
+    known = prepared_parts()
+    parts = [p.strip() for p in (known if parts is None else parts) if p.strip()]
+    bad = [p for p in parts if p not in known]
     if bad:
-        raise InputError(f"unknown part {bad[0]!r}; choose from {', '.join(PARTS)}")
+        raise InputError(f"unknown part {bad[0]!r}; choose from {', '.join(known)}")
     if budget_min <= 0:
         raise InputError("--budget-min must be positive")
     sources = _parse_data(data)
@@ -288,7 +301,7 @@ def prepare(backbone: str = "auto", out: Optional[os.PathLike] = None, parts: Se
         t0 = time.perf_counter()
         status.state[part] = "preparing"
         try:
-            lacking = [missing[n] for n in DATA_NEEDS.get(part, ()) if n in missing]
+            lacking = [missing[n] for n in data_needs(part) if n in missing]
             if lacking and not (part == "context-i2w" and context_i2w_checkpoint):
                 raise InputError(lacking[0])
             row = _prepare_part(part, bb, spec, device, out, search, force, sources, small, quiet, deadline,
@@ -321,11 +334,11 @@ def prepare(backbone: str = "auto", out: Optional[os.PathLike] = None, parts: Se
 
 
 def data_needed(parts: Sequence[str], sources: Dict[str, str]) -> List[str]:
-    """The offline data sets ``parts`` read (:data:`DATA_NEEDS`), in order, each once; a part trained on
+    """The offline data sets ``parts`` read (:func:`data_needs`), in order, each once; a part trained on
     ``--data`` sources still needs the suite's sets for its anchor fit and the defaults step."""
     names: List[str] = []
     for part in [*parts, "defaults"] if any(p in ("rtic", "context-i2w") for p in parts) else parts:
-        for n in DATA_NEEDS.get(part, ()):
+        for n in data_needs(part):
             if n not in names:
                 names.append(n)
     return names
@@ -343,7 +356,7 @@ def build_data(parts: Sequence[str], sources: Dict[str, str], quiet: bool = Fals
             with contextlib.redirect_stderr(io.StringIO()) if quiet else contextlib.nullcontext():
                 ensure_built(name)
         except Exception as exc:
-            users = ", ".join(p for p in parts if name in DATA_NEEDS.get(p, ())) or "the defaults step"
+            users = ", ".join(p for p in parts if name in data_needs(p)) or "the defaults step"
             missing[name] = (f"the offline data set {name!r} that {users} needs could not be built "
                              f"({exc.__class__.__name__}: {exc}); build it with: {build_command(name)}")
     return missing
@@ -411,7 +424,7 @@ def _prepare_part(part, bb, spec, device, out, search, force, sources, small, qu
     if part == "context-i2w" and ci2w_ckpt:
         local = fetch_verified(ci2w_ckpt, sha256, quiet=quiet, deadline=deadline)  # within the budget
         target = target_path(part, bb, out)
-        _run_trainer(MODULES[part], ["--backbone", spec, "--device", device, "--checkpoint", str(local),
+        _run_trainer(CHECKPOINT_PARTS[part].trainer, ["--backbone", spec, "--device", device, "--checkpoint", str(local),
                                      "--epochs", "0", "--out", str(out), "--name", target.name,
                                      "--eval-cir", "", "--val-split", ""], quiet)
         rec = _annotate(target, {"source": "converted", "from": os.path.basename(str(ci2w_ckpt)),
@@ -419,16 +432,16 @@ def _prepare_part(part, bb, spec, device, out, search, force, sources, small, qu
         return Row(part, "converted", str(target), _held_out(part, rec))
     t_part = time.perf_counter()
     remaining = max(deadline - t_part, 1.0)
-    weights = [SHARE[p] for p in [part, *todo]]
-    seconds = remaining * SHARE[part] / sum(weights)
+    weights = [_spec(p).share for p in [part, *todo]]
+    seconds = remaining * _spec(part).share / sum(weights)
     run_dir = prepared_dir(create=True).parent / "prepare" / slug(bb.fingerprint) / part
     run_dir.mkdir(parents=True, exist_ok=True)
     plan_file = run_dir / "plan.json"
     plan = json.loads(plan_file.read_text()) if plan_file.is_file() else None
-    module = MODULES[part]
+    module = CHECKPOINT_PARTS[part].trainer
     if plan is None or plan.get("fingerprint") != bb.fingerprint or plan.get("budget_min") != budget_min:
         shutil.rmtree(run_dir / "run", ignore_errors=True)  # its state belongs to another plan
-        probe = PROBE[part]
+        probe = _spec(part).probe
         status.fraction[part] = 0.05
         probe_out = run_dir / "probe"
         probe_s = _run_trainer(module, _argv(part, spec, device, probe_out, run_dir / "probe-run", probe, True,
@@ -448,8 +461,7 @@ def _prepare_part(part, bb, spec, device, out, search, force, sources, small, qu
     target = target_path(part, bb, out)
     if not target.is_file():
         raise EngineError(f"the {part} trainer finished without writing {target.name}")
-    unit_names = {"context-i2w": ["pairs", "epochs"], "rtic": ["epochs"], "lattqe": ["epochs", "queries_per_epoch"],
-                  "ics": ["epochs"]}[part]
+    unit_names = _spec(part).units
     info = {"source": "trained", "command": "python -m engine prepare", **plan,
             "units": dict(zip(unit_names, plan["units"])), "train_s": round(run_s, 1)}
     rec = _annotate(target, info)
@@ -470,7 +482,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--backbone", default=settings.backbone)
     ap.add_argument("--device", default="auto")
     ap.add_argument("--out", default=None, help="checkpoint folder (default: the prepared-checkpoint cache)")
-    ap.add_argument("--parts", default=",".join(PARTS), help="comma list of " + ", ".join(PARTS))
+    ap.add_argument("--parts", default=",".join(prepared_parts()), help="comma list of " + ", ".join(prepared_parts()))
     ap.add_argument("--budget-min", type=float, default=30.0, help="total wall-time budget in minutes")
     ap.add_argument("--data", action="append", default=[], help="captions=PATH, fashioniq=ROOT or cirr=ROOT")
     ap.add_argument("--force", action="store_true", help="retrain parts that already exist")

@@ -45,7 +45,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..checkpoints import figures_of, find, load, make_record, write
+from ..checkpoints import figures_of, find, load, make_record, part, write
 from ..config import Settings
 from ..errors import CheckpointError, InputError
 from .anchor import Anchor, load_anchor, operation_text, prior_only, split_state
@@ -542,8 +542,7 @@ def load_context_i2w_composer(backbone, checkpoint_dir=None) -> ContextI2WCompos
     found = find("context-i2w", backbone.fingerprint, checkpoint_dir)
     if not found:
         raise ComposerUnavailable(
-            f"no Context-I2W checkpoint for {backbone.name} in {checkpoint_dir}; train one with "
-            f"python -m engine train context-i2w --data captions")
+            f"no Context-I2W checkpoint for {backbone.name} in {checkpoint_dir}; {part('context-i2w').train_hint()}")
     path = found[0][0]
     mapper, record = load_context_i2w(path, backbone.fingerprint)
     anchor = load_anchor(path, record)  # CheckpointError naming the file when unreadable

@@ -34,7 +34,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..checkpoints import figures_of, find, load, make_record, write
+from ..checkpoints import figures_of, find, load, make_record, part, write
 from ..config import Settings
 from ..errors import CheckpointError
 from .anchor import Anchor, load_anchor, operation_text, prior_only, split_state
@@ -284,8 +284,7 @@ def load_rtic_composer(backbone, checkpoint_dir=None, variant: Optional[str] = N
     found = find_rtic(backbone.fingerprint, checkpoint_dir, variant)
     if not found:
         raise ComposerUnavailable(
-            f"no RTIC checkpoint for {backbone.name} in {checkpoint_dir}; train one with "
-            f"python -m engine train rtic --data cir"
+            f"no RTIC checkpoint for {backbone.name} in {checkpoint_dir}; {part('rtic').train_hint()}"
         )
     path, _ = found[0]  # the layer's tie rule: search path, plain RTIC first, name
     model, record = load_rtic(path, backbone.fingerprint)

@@ -31,14 +31,15 @@ from typing import Dict, List, Optional, Sequence
 import numpy as np
 import torch
 
+from ..checkpoints import PARTS
 from ..config import Settings
-from ..data.rules import unit_hash
 from ..data.formats import image_path, load_split
 from ..data.heldout import is_held_out, words
-from ..data.vocabulary import training_vocabulary, training_texts
+from ..data.rules import unit_hash
 from ..data.tone import edited_file
+from ..data.vocabulary import training_texts, training_vocabulary
+from ..defaults import engine_defaults, gallery_nqe, write_defaults
 from .generalise_open import open_queries
-from ..defaults import gallery_nqe, write_defaults, engine_defaults
 from .hubness import hubness
 
 SIDES = ("val", "test")
@@ -351,10 +352,9 @@ def choose_defaults(backbone, settings: Settings, out: Optional[Path] = None) ->
 
 
 def _takes_text_alone(ev: dict, name: str) -> bool:
-    return name in ("text", "sum") or name in _TEXT_CAPABLE
-
-
-_TEXT_CAPABLE = {"rtic", "rtic+gcn", "context-i2w"}  # fall back to their prior without an image
+    """The baselines that read the text, and the learned composers that fall back to their prior without an
+    image (their spec: engine.checkpoints.PARTS[name].text_alone)."""
+    return name in ("text", "sum") or (name in PARTS and PARTS[name].text_alone)
 
 
 # -- report ------------------------------------------------------------------------------------------------------

@@ -64,7 +64,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from ..checkpoints import file_name, load, make_record, write
+from ..checkpoints import file_name, load, make_record, part, write
 from ..errors import CheckpointError, InputError
 
 SUPPORTED_BITS = (16, 32, 64, 128)
@@ -331,8 +331,8 @@ def load_ics(path, fingerprint: Optional[str] = None, dim: Optional[int] = None)
     path = Path(path).with_suffix(".safetensors")
     if not path.is_file():
         raise CheckpointError(
-            f"no ICS checkpoint {path.name} in {path.parent}; train one with "
-            f"`python -m engine train ics --bits {path.stem.split('-')[1] if '-' in path.stem else 64}` (see docs/ics.md)"
+            f"no ICS checkpoint {path.name} in {path.parent}; "
+            f"{part('ics').train_hint(**({'bits': path.stem.split('-')[1]} if '-' in path.stem else {}))} (docs/ics.md)"
         )
     ck = load("ics", path, fingerprint=fingerprint, dim=dim)
     if ck.record["config"].get("locality_bits"):

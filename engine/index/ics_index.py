@@ -30,7 +30,7 @@ from typing import Optional
 import numpy as np
 import torch
 
-from ..checkpoints import describe_search_path, find
+from ..checkpoints import describe_search_path, find, part
 from ..config import Settings
 from ..errors import CheckpointError, IndexLoadError, InputError
 from ..fileio import atomic_save_npy as _atomic_save_npy
@@ -391,8 +391,8 @@ def make_ics_index(bits: int, dim: int, n: int = 0, checkpoint_dir=None, fingerp
             load_ics(others[0][0], fingerprint=fingerprint, dim=dim)
         raise CheckpointError(
             f"index type ics-{bits} needs a trained hash head ics-{bits}-<backbone>.safetensors for this backbone "
-            f"in {describe_search_path(folder)}, which is missing; train it with "
-            f"`python -m engine train ics --bits {bits}` (docs/ics.md) or pick another index type"
+            f"in {describe_search_path(folder)}, which is missing; {part('ics').train_hint(bits=bits)} (docs/ics.md), "
+            "or pick another index type"
         )
     path = found[0][0]
     model = load_ics(path, fingerprint=fingerprint, dim=dim)
