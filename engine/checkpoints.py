@@ -148,11 +148,11 @@ def bundled_dir() -> Path:
     return ASSETS / "checkpoints"
 
 
-def prepared_dir(create: bool = False) -> Path:
+def prepared_dir(create: bool = False, settings: Optional[Settings] = None) -> Path:
     """Where ``python -m engine prepare`` and the Space's background prepare put checkpoints by default
     (inside the cache dir, so a mounted persistent volume keeps them between starts; ``CIS_PREPARED_DIR``
-    overrides it)."""
-    given = Settings().prepared_dir
+    overrides it). ``settings``: the caller's (default: read now)."""
+    given = (settings or Settings()).prepared_dir
     path = Path(given) if given else cache_dir() / "checkpoints"
     if create:
         path.mkdir(parents=True, exist_ok=True)
@@ -171,16 +171,18 @@ def file_name(part: str, backbone: str, variant: Optional[str] = None) -> str:
     return f"{part}-{slug(backbone)}{tail}.safetensors"
 
 
-def search_dirs(checkpoint_dir=None) -> list:
-    """The folders searched, in order: ``checkpoint_dir`` (default: ``CIS_CHECKPOINTS``; several folders may
-    be given separated by ``os.pathsep``), then :func:`prepared_dir`, then :func:`bundled_dir`; duplicates
-    are dropped, keeping their first position."""
+def search_dirs(checkpoint_dir=None, settings: Optional[Settings] = None) -> list:
+    """The folders searched, in order: ``checkpoint_dir`` (default: ``CIS_CHECKPOINTS`` of ``settings``; several
+    folders may be given separated by ``os.pathsep``), then :func:`prepared_dir`, then :func:`bundled_dir`;
+    duplicates are dropped, keeping their first position. ``settings``: the caller's (default: read now), so a
+    Settings passed in is never bypassed for the prepared folder."""
+    settings = settings or Settings()
     if checkpoint_dir in (None, ""):
-        checkpoint_dir = Settings().checkpoints_given
+        checkpoint_dir = settings.checkpoints_given
     raw = checkpoint_dir
     entries = [str(p) for p in raw] if isinstance(raw, (list, tuple)) else str(raw).split(os.pathsep)
     dirs = [Path(e) for e in entries if e.strip()]
-    dirs += [prepared_dir(), bundled_dir()]
+    dirs += [prepared_dir(settings=settings), bundled_dir()]
     out, seen = [], set()
     for d in dirs:
         key = os.path.normcase(os.path.abspath(d))

@@ -286,7 +286,7 @@ def prepare(backbone: str = "auto", out: Optional[os.PathLike] = None, parts: Op
     bb = create_backbone(backbone, device)
     spec = backbone
     _BB[spec] = bb
-    out = Path(out) if out else prepared_dir()  # created by the first checkpoint written into it
+    out = Path(out) if out else prepared_dir(settings=settings)  # created by the first checkpoint written into it
     search = os.pathsep.join([str(out), settings.checkpoints_given])
     status = status or Status()
     for p in parts:

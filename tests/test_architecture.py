@@ -203,6 +203,64 @@ def test_settings_read_the_new_variables(monkeypatch, tmp_path):
     assert checkpoints.search_dirs()[:2] == [tmp_path / "a", tmp_path / "prep"]
 
 
+def test_a_settings_passed_in_chooses_the_prepared_folder(monkeypatch, tmp_path):
+    """checkpoints.search_dirs / prepared_dir read the Settings they are given, not the environment again."""
+    from engine import checkpoints
+    from engine.config import Settings
+
+    monkeypatch.setenv("CIS_PREPARED_DIR", str(tmp_path / "from-env"))
+    s = Settings()
+    s.prepared_dir, s.checkpoints_given = str(tmp_path / "given"), str(tmp_path / "mine")
+    assert checkpoints.prepared_dir(settings=s) == tmp_path / "given"
+    assert checkpoints.search_dirs(settings=s)[:2] == [tmp_path / "mine", tmp_path / "given"]
+
+
+# Settings() built below the entry points (app.py, engine/cli.py, a command's main() or its argument parser):
+# each should take the Settings its caller built. What is left, per file; the test fails on a new one and when
+# one is gone (lower the count here). Issue #34, item 3.
+SETTINGS_BELOW_ENTRY = {
+    "engine/backbones/factory.py": 1, "engine/backbones/openclip.py": 1, "engine/bench/context_i2w.py": 1,
+    "engine/bench/server.py": 1, "engine/bench/text_batch.py": 1, "engine/checkpoints.py": 2,
+    "engine/compose/context_i2w.py": 1, "engine/compose/rtic.py": 1, "engine/data/builders/common.py": 1,
+    "engine/data/fashion_mnist.py": 1, "engine/data/sources.py": 2, "engine/data/twemoji.py": 1,
+    "engine/index/build.py": 1, "engine/index/ics_index.py": 1, "engine/index/ray_runner.py": 2,
+    "engine/index/vectors.py": 1, "engine/prepare.py": 1, "engine/search.py": 2, "engine/service.py": 2,
+    "engine/train/lattqe/loop.py": 1, "demo/api.py": 1, "demo/ui.py": 1,
+}
+ENTRY_FUNCTIONS = {"main", "_parser", "_settings"}
+
+
+def _settings_sites():
+    for path in SOURCES:
+        if _rel(path) in ("app.py", "engine/cli.py"):
+            continue
+        found = []
+
+        def walk(node, func):
+            for child in ast.iter_child_nodes(node):
+                inner = child.name if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)) else func
+                if (isinstance(child, ast.Call) and getattr(child.func, "id", None) == "Settings"
+                        and not child.args and not child.keywords and func not in ENTRY_FUNCTIONS):
+                    if func is None:
+                        found.append(f"{_rel(path)}:{child.lineno} at import time")
+                    found.append(_rel(path))
+                walk(child, inner)
+
+        walk(ast.parse(path.read_text(encoding="utf-8")), None)
+        yield from found
+
+
+def test_no_new_settings_below_the_entry_points():
+    sites: dict = {}
+    for site in _settings_sites():
+        assert "at import time" not in site, f"Settings() read when a module is imported: {site}"
+        sites[site] = sites.get(site, 0) + 1
+    more = {k: v for k, v in sites.items() if v > SETTINGS_BELOW_ENTRY.get(k, 0)}
+    assert not more, f"take the caller's Settings instead of building one: {more}"
+    fewer = {k: v for k, v in SETTINGS_BELOW_ENTRY.items() if sites.get(k, 0) < v}
+    assert not fewer, f"fewer Settings() than listed now, lower SETTINGS_BELOW_ENTRY: {fewer}"
+
+
 def test_child_environment_copies_filters_and_overrides(monkeypatch):
     from engine.config import child_environment, set_default_environment
 
