@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import ctypes
 import json
 import logging
 import threading
@@ -107,8 +108,6 @@ def release_memory() -> None:
     """Hand freed heap pages back to the system after a large request (glibc keeps them per thread arena
     otherwise, so a burst of large bodies would stay in the server's RSS after it ended)."""
     try:
-        import ctypes
-
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):  # not glibc
         pass

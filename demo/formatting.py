@@ -7,9 +7,10 @@ from pathlib import PurePath
 from typing import List, Optional, Tuple
 from urllib.parse import quote
 
+from PIL import Image
+
 from engine.export import breakdown_rows
 from engine.labels import EXPAND_LABELS, METHOD_LABELS
-
 from engine.search import SearchEngine, SearchResponse
 
 LABELS, EXPANDER_LABELS = METHOD_LABELS, EXPAND_LABELS  # the engine's one table, under the names demo/ uses
@@ -75,7 +76,6 @@ def gallery_items(engine: SearchEngine, resp: SearchResponse, thumbs_only: bool 
     the thumbnail's pixels, which Gradio copies into its own cache; the session folder stays private."""
     if not thumbs_only:
         return [(str(engine.index.display_path(r.id)), result_caption(r)) for r in resp.results]
-    from PIL import Image
 
     out = []
     for r in resp.results:

@@ -13,17 +13,32 @@ from pathlib import Path, PurePath
 from typing import Any, Optional
 
 import gradio as gr
+from PIL import Image
 
+from engine.compare import compare_request
 from engine.errors import EngineError
+from engine.expand.lattqe import keeps_query_note, validation_shortfall
+from engine.export import export_contact_sheet, export_json
+from engine.images import decode_limits, load_image, read_bytes
 from engine.search import SearchEngine
 from engine.service import open_session, session_engine, session_index_types
 from engine.query import SearchRequest
 from engine.search import run as run_request
 from engine.share import from_query_string, reference_file, request_for, state_for, to_query_string
 
-from .formatting import (EXPANDER_LABELS, LABELS, backbone_markdown, compare_html, compare_summary_markdown, esc, explanation_markdown,
-                         gallery_items, index_markdown, plain_summary)
-
+from .formatting import (
+    EXPANDER_LABELS,
+    LABELS,
+    backbone_markdown,
+    compare_html,
+    compare_summary_markdown,
+    esc,
+    expansion_note,
+    explanation_markdown,
+    gallery_items,
+    index_markdown,
+    plain_summary,
+)
 
 log = logging.getLogger(__name__)
 GENERIC_ERROR = "The server could not handle this request; check the inputs and try again."
@@ -126,8 +141,6 @@ def searched_values(run):
 def reference_problem(engine: SearchEngine, path) -> Optional[str]:
     """The sentence for an uploaded reference that cannot be used (not an image, too large), or None: the
     same check, and so the same sentence, as a search with it would give."""
-    from engine.images import decode_limits, load_image, read_bytes
-
     if not path:
         return None
     try:  # the reads and limits of SearchEngine.reference_features, without encoding the image
@@ -166,7 +179,6 @@ def result_as_reference(engine: SearchEngine, ids, evt: gr.SelectData):
     if engine is None or not ids or evt is None or evt.index is None:
         return gr.update()
     if isinstance(engine, str):  # an uploaded gallery: its folder is not served, so hand over the pixels
-        from engine.images import load_image
 
         try:
             eng = session_engine(engine)
@@ -210,8 +222,6 @@ OWN_PICKER_MAX = 200
 def own_photos(key):
     """The uploaded gallery's photos for the own-photos picker: (thumbnail items, ids); a click on one makes it
     the reference (:func:`result_as_reference`). At most OWN_PICKER_MAX are shown."""
-    from PIL import Image
-
     eng = session_engine(key) if key else None
     if eng is None:
         return [], []
@@ -250,8 +260,6 @@ def summary_markdown(engine: SearchEngine) -> str:
 def lattqe_info(engine: SearchEngine) -> str:
     """The LAttQE box's note: what it does, why it is unavailable, or the engine's warning that its
     checkpoint measured worse than no expansion on its own validation queries."""
-    from engine.expand.lattqe import keeps_query_note, validation_shortfall
-
     reason = engine.expanders_unavailable.get("lattqe")
     if reason is not None:
         return f"unavailable: {reason}"
@@ -279,8 +287,6 @@ EXPANSION_HELP = ("re-form the query from its top results, then search again. AQ
 def expansion_done(run) -> str:
     """The line under the LAttQE box after a search: what expansion did for that query (empty without one).
     ``run``: the page's state of the last run (:func:`run_record`)."""
-    from .formatting import expansion_note
-
     data = run.get("data") if isinstance(run, dict) else None
     note = expansion_note(data if isinstance(data, dict) and "results" in data else None)
     return gr.update(value=note, visible=bool(note))  # no empty box under LAttQE when nothing was expanded
@@ -390,8 +396,6 @@ def run_compare(engine: SearchEngine, image, text, alpha, k, lattqe_on, nqe, exc
 
 def compare_request_run(engine: SearchEngine, req: SearchRequest, lattqe_on: bool):
     """Compare mode for one request: (compare HTML, compare JSON, the run)."""
-    from engine.compare import compare_request
-
     res = compare_request(engine, req, lattqe=bool(lattqe_on) and "lattqe" in engine.expanders)
     say_notices(req.notices)
     data = res.to_json()
@@ -557,8 +561,6 @@ def _export_folder() -> Path:
 
 def export_json_file(engine: SearchEngine, data):
     """The last results as a JSON file (same schema as `python -m engine search --json`, or the compare JSON)."""
-    from engine.export import export_json
-
     if not data:
         raise EngineError("nothing to export yet: run a search first")
     folder = _export_folder()
@@ -570,8 +572,6 @@ def export_json_file(engine: SearchEngine, data):
 
 def export_png_file(engine: SearchEngine, data):
     """The last results as a contact-sheet PNG (rank, score and caption under each image)."""
-    from engine.export import export_contact_sheet
-
     if not data:
         raise EngineError("nothing to export yet: run a search first")
     folder = _export_folder()

@@ -5,10 +5,12 @@ import dataclasses
 import functools
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, Optional
 
 import gradio as gr
 
+from engine.background import start_for
 from engine.config import Settings
 from engine.query import ALPHA_MAX, ALPHA_MIN, DEFAULT_ALPHA, DEFAULT_K, K_MAX, K_MIN, NQE_MAX, NQE_MIN
 from engine.search import SearchEngine
@@ -223,8 +225,6 @@ def _result_panels(prefix: str, with_compare: bool, c: SearchPanel) -> None:
 
 def _gallery_picker(engine: SearchEngine):
     """A browsable, searchable grid of the gallery; a click makes the image the reference (wired by the caller)."""
-    from types import SimpleNamespace
-
     items, ids, note, page = h.browse_gallery(engine)
     p = SimpleNamespace()
     with gr.Accordion("Pick the reference from the gallery", open=False, elem_id="picker-box"):
@@ -247,8 +247,6 @@ def _gallery_picker(engine: SearchEngine):
 
 def _prepare_status(engine: SearchEngine, method, lattqe) -> None:
     """CIS_PREPARE: a status line fed by engine.background; the method list and LAttQE box follow it."""
-    from engine.background import start_for
-
     bg = start_for(engine)
     if bg is None:
         return

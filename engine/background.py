@@ -14,10 +14,11 @@ import threading
 from typing import Optional
 
 from .config import Settings
-from .prepare import PARTS, Status
+from .errors import CheckpointError
+from .checkpoints import PARTS, prepared_parts
+from .prepare import Status, prepare
 
 log = logging.getLogger(__name__)
-LABEL = {"context-i2w": "Context-I2W", "rtic": "RTIC", "lattqe": "LAttQE", "ics": "ICS-64 index"}
 
 
 def mode(settings: Settings) -> bool:
@@ -35,7 +36,7 @@ def mode(settings: Settings) -> bool:
 def parts(settings: Settings) -> list:
     """``CIS_PREPARE_PARTS`` (comma list; default every part)."""
     raw = settings.prepare_parts.strip()
-    return [p.strip() for p in raw.split(",") if p.strip()] if raw else list(PARTS)
+    return [p.strip() for p in raw.split(",") if p.strip()] if raw else prepared_parts()
 
 
 def refresh(engine) -> list:
@@ -43,7 +44,6 @@ def refresh(engine) -> list:
     returns the names that became available."""
     from .compose import COMPOSERS
     from .compose.base import ComposerUnavailable
-    from .errors import CheckpointError
     from .expand import EXPANDERS, ExpanderUnavailable
 
     ckpt, bb, new = engine.settings.checkpoints, engine.backbone, []
@@ -74,10 +74,11 @@ class BackgroundPrepare:
         self.engine, self.parts = engine, list(parts) if parts else globals()["parts"](engine.settings)
         self.budget = budget if budget is not None else engine.settings.prepare_budget_min
         self.spec = spec or engine.settings.backbone
-        self.status = Status(state={p: "waiting" if p in PARTS else "unknown" for p in self.parts})
+        known = prepared_parts()
+        self.status = Status(state={p: "waiting" if p in known else "unknown" for p in self.parts})
         for p in self.parts:  # a misspelt CIS_PREPARE_PARTS entry is named; the known parts still prepare
-            if p not in PARTS:
-                self.status.error[p] = f"{p!r} is not a learned part (CIS_PREPARE_PARTS takes {', '.join(PARTS)})"
+            if p not in known:
+                self.status.error[p] = f"{p!r} is not a learned part (CIS_PREPARE_PARTS takes {', '.join(known)})"
                 log.warning("CIS_PREPARE_PARTS: %s", self.status.error[p])
         self.thread: Optional[threading.Thread] = None
         self.error = ""
@@ -88,8 +89,6 @@ class BackgroundPrepare:
         return self
 
     def _run(self) -> None:
-        from .prepare import prepare
-
         status, engine = self.status, self.engine
         original = dict.__setitem__
 
@@ -106,7 +105,7 @@ class BackgroundPrepare:
                     on_change()
 
         status.state = StateDict(status.state)
-        known = [p for p in self.parts if p in PARTS]
+        known = [p for p in self.parts if p in prepared_parts()]
         try:
             if known:
                 prepare(self.spec, None, known, self.budget, device=engine.settings.device, quiet=True,
@@ -124,9 +123,9 @@ class BackgroundPrepare:
         return status_markdown(self.status, self.parts)
 
 
-def status_markdown(status: Status, parts=PARTS) -> str:
+def status_markdown(status: Status, parts=None) -> str:
     items = []
-    for p in parts:
+    for p in prepared_parts() if parts is None else parts:
         state = status.state.get(p, "waiting")
         if state == "preparing":
             text = f"preparing {status.percent(p)} %"
@@ -138,7 +137,7 @@ def status_markdown(status: Status, parts=PARTS) -> str:
             text = f"failed: {status.error.get(p, 'unknown error')[:120]}"
         else:
             text = state
-        items.append(f"**{LABEL.get(p, p)}**: {text}")
+        items.append(f"**{PARTS[p].label if p in PARTS else p}**: {text}")
     return "Learned methods for this backbone — " + " · ".join(items)
 
 

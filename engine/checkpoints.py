@@ -1,15 +1,20 @@
 """Checks shared by every learned part's checkpoint loader."""
 from __future__ import annotations
 
+import argparse
 import contextlib
+import json
 import logging
 import os
+import re
 import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, Optional
 
+from .config import ASSETS, Settings, cache_dir
 from .errors import CheckpointError
+from .fileio import atomic_path, atomic_write_text
 
 
 def require_backbone(path: os.PathLike, stored: Optional[str], live: Optional[str], how_to_retrain: str = "") -> None:
@@ -110,8 +115,6 @@ def save_training_state(path: os.PathLike, state: dict) -> None:
     """Writes a trainer's resume state atomically (``torch.save`` of tensors and plain values only)."""
     import torch
 
-    from .fileio import atomic_path
-
     with atomic_path(path) as tmp:
         torch.save(state, tmp)
 
@@ -140,23 +143,16 @@ def load_training_state(path: os.PathLike, map_location="cpu") -> dict:
 #     3. the file name.
 # File modification times and stored held-out (test-split) figures never take part in the choice.
 
-ENV_VAR = "CIS_CHECKPOINTS"  # read by engine.config.Settings (checkpoints_given)
-
-
 def bundled_dir() -> Path:
     """The checkpoints shipped with the repository."""
-    from .config import ASSETS
-
     return ASSETS / "checkpoints"
 
 
-def prepared_dir(create: bool = False) -> Path:
+def prepared_dir(create: bool = False, settings: Optional[Settings] = None) -> Path:
     """Where ``python -m engine prepare`` and the Space's background prepare put checkpoints by default
     (inside the cache dir, so a mounted persistent volume keeps them between starts; ``CIS_PREPARED_DIR``
-    overrides it)."""
-    from .config import Settings, cache_dir
-
-    given = Settings().prepared_dir
+    overrides it). ``settings``: the caller's (default: read now)."""
+    given = (settings or Settings()).prepared_dir
     path = Path(given) if given else cache_dir() / "checkpoints"
     if create:
         path.mkdir(parents=True, exist_ok=True)
@@ -165,8 +161,6 @@ def prepared_dir(create: bool = False) -> Path:
 
 def slug(name: str) -> str:
     """File-name form of a backbone name or fingerprint (the ``@hash`` part of a fingerprint is dropped)."""
-    import re
-
     base = str(name).split("@", 1)[0]
     return re.sub(r"[^A-Za-z0-9]+", "-", base).strip("-").lower() or "backbone"
 
@@ -177,18 +171,18 @@ def file_name(part: str, backbone: str, variant: Optional[str] = None) -> str:
     return f"{part}-{slug(backbone)}{tail}.safetensors"
 
 
-def search_dirs(checkpoint_dir=None) -> list:
-    """The folders searched, in order: ``checkpoint_dir`` (default: ``CIS_CHECKPOINTS``; several folders may
-    be given separated by ``os.pathsep``), then :func:`prepared_dir`, then :func:`bundled_dir`; duplicates
-    are dropped, keeping their first position."""
+def search_dirs(checkpoint_dir=None, settings: Optional[Settings] = None) -> list:
+    """The folders searched, in order: ``checkpoint_dir`` (default: ``CIS_CHECKPOINTS`` of ``settings``; several
+    folders may be given separated by ``os.pathsep``), then :func:`prepared_dir`, then :func:`bundled_dir`;
+    duplicates are dropped, keeping their first position. ``settings``: the caller's (default: read now), so a
+    Settings passed in is never bypassed for the prepared folder."""
+    settings = settings or Settings()
     if checkpoint_dir in (None, ""):
-        from .config import Settings
-
-        checkpoint_dir = Settings().checkpoints_given
+        checkpoint_dir = settings.checkpoints_given
     raw = checkpoint_dir
     entries = [str(p) for p in raw] if isinstance(raw, (list, tuple)) else str(raw).split(os.pathsep)
     dirs = [Path(e) for e in entries if e.strip()]
-    dirs += [prepared_dir(), bundled_dir()]
+    dirs += [prepared_dir(settings=settings), bundled_dir()]
     out, seen = [], set()
     for d in dirs:
         key = os.path.normcase(os.path.abspath(d))
@@ -269,27 +263,81 @@ def figures_of(record: dict, *also: str) -> dict:
 
 
 @dataclass(frozen=True)
+class Prepare:
+    """How ``python -m engine prepare`` trains a part within a time budget (``engine.prepare``): its ``share``
+    of the budget, the ``probe`` run's units (measured, then scaled to the share), the names of those units,
+    the offline data sets it reads, and the trainer options that pick the checkpoint prepare makes (``config``).
+    A part whose trainer takes ``--backbone --device --out --epochs --quiet`` needs nothing more; the shipped
+    parts' own arguments and plans are in ``engine.prepare``."""
+    share: float = 0.15
+    probe: tuple = (1,)
+    units: tuple = ("epochs",)
+    data: tuple = ()
+    config: tuple = ()  # (key, value) pairs, e.g. (("bits", 64),)
+
+
+@dataclass(frozen=True)
 class Part:
-    """One learned part: how its files are named and found, what trains it, how its old files were stored."""
+    """One learned part, its one spec: label, files, trainer, training command, how ``prepare`` trains it, and
+    the module that registers its runtime factory (a composer, expander or vector index).
+
+    Adding a learned part: its runtime module (``@COMPOSERS.register``, ``@EXPANDERS.register``, ...), its
+    trainer module (``main(argv)``) and one entry here (docs/architecture.md, "Adding a learned part")."""
     name: str
     label: str
     stem: str  # file name prefix (file_name(stem, backbone)); ICS adds its code length: ics-64
     glob: str  # files searched for it on the search path
     train: str  # the command that makes one
     family: str  # what ``prepare`` calls it (rtic+gcn is prepared with rtic)
+    trainer: str = ""  # module whose main(argv) trains it: `python -m engine train <family>` runs it
+    runtime: str = ""  # module that registers its runtime factory (imported by its registry's package)
+    prepare: Optional[Prepare] = None  # None: prepared with its family (rtic+gcn) or not by prepare
     rank: int = 0  # tie rule between parts sharing a glob (plain RTIC before RTIC+GCN)
     sized: bool = False  # its record says the embedding size it takes (find/load with ``dim`` check it)
+    text_alone: bool = False  # a composer that answers a text without an image (falls back to its prior)
+    what: str = ""  # one line for `python -m engine train`'s usage
+
+    def command(self, **config) -> str:
+        """The training command, filled from a config (``{bits}`` of ICS; its prepare config when not given)."""
+        try:
+            return self.train.format(**{**dict(self.prepare.config if self.prepare else ()), **config})
+        except (KeyError, IndexError):
+            return self.train
+
+    def train_hint(self, **config) -> str:
+        """The sentence a loader ends with when no checkpoint fits: how to make one."""
+        return f"train one with `{self.command(**config)}` or let `python -m engine prepare --parts {self.family}` do it"
 
 
 PARTS: Dict[str, Part] = {p.name: p for p in (
     Part("context-i2w", "Context-I2W", "context_i2w", "context_i2w*.safetensors",
-         "python -m engine train context-i2w", "context-i2w"),
-    Part("rtic", "RTIC", "rtic", "rtic*.safetensors", "python -m engine train rtic --data cir", "rtic"),
+         "python -m engine train context-i2w --data captions", "context-i2w", trainer="engine.train.context_i2w.cli",
+         runtime="engine.compose.context_i2w", text_alone=True, what="Context-I2W pseudo-word mapper",
+         prepare=Prepare(share=0.45, probe=(128, 1), units=("pairs", "epochs"), data=("captions", "cir"))),
+    Part("rtic", "RTIC", "rtic", "rtic*.safetensors", "python -m engine train rtic --data cir", "rtic",
+         trainer="engine.train.rtic", runtime="engine.compose.rtic", text_alone=True,
+         what="RTIC composer (add --gcn for the GCN stream)",
+         prepare=Prepare(share=0.20, probe=(1,), units=("epochs",), data=("cir", "captions"))),
     Part("rtic+gcn", "RTIC+GCN", "rtic-gcn", "rtic*.safetensors", "python -m engine train rtic --data cir --gcn",
-         "rtic", rank=1),
-    Part("lattqe", "LAttQE", "lattqe", "lattqe*.safetensors", "python -m engine train lattqe", "lattqe", sized=True),
-    Part("ics", "ICS", "ics", "ics-*.safetensors", "python -m engine train ics --bits {bits}", "ics", sized=True),
+         "rtic", trainer="engine.train.rtic", runtime="engine.compose.rtic", rank=1, text_alone=True),
+    Part("lattqe", "LAttQE", "lattqe", "lattqe*.safetensors", "python -m engine train lattqe", "lattqe",
+         trainer="engine.train.lattqe", runtime="engine.expand.lattqe", sized=True, what="LAttQE query expansion",
+         prepare=Prepare(share=0.20, probe=(1, 128), units=("epochs", "queries_per_epoch"), data=("labelled",))),
+    Part("ics", "ICS", "ics", "ics-*.safetensors", "python -m engine train ics --bits {bits}", "ics",
+         trainer="engine.train.ics", runtime="engine.index.ics_index", sized=True, what="ICS hashing head",
+         prepare=Prepare(share=0.15, probe=(5,), units=("epochs",), data=("multilabel",), config=(("bits", 64),))),
 )}
+
+
+def runtime_modules(package: str) -> list:
+    """The modules of ``package`` that register a learned part's runtime factory (its spec's ``runtime``), in
+    table order, each once: what the registry's package imports so that every part is registered."""
+    return list(dict.fromkeys(p.runtime for p in PARTS.values() if p.runtime.startswith(package + ".")))
+
+
+def prepared_parts() -> list:
+    """The parts ``prepare`` trains, in its order (one per family)."""
+    return [p.name for p in PARTS.values() if p.prepare is not None]
 
 
 def part(name: str) -> Part:
@@ -297,14 +345,6 @@ def part(name: str) -> Part:
         return PARTS[name]
     except KeyError:
         raise CheckpointError(f"unknown learned part {name!r}; known: {', '.join(PARTS)}") from None
-
-
-def _train_command(info: Part, config: dict) -> str:
-    """The part's training command, filled from a config (``{bits}`` of ICS; 64 when unknown)."""
-    try:
-        return info.train.format(**config)
-    except (KeyError, IndexError):
-        return info.train.format(bits=64)
 
 
 def make_record(part_name: str, fingerprint: str, config: dict, recipe: Optional[dict] = None,
@@ -322,11 +362,7 @@ def make_record(part_name: str, fingerprint: str, config: dict, recipe: Optional
 def write(path: os.PathLike, tensors: Dict[str, Any], record: dict) -> Path:
     """Writes ``tensors`` + ``record`` as ``path`` (.safetensors) and the record as its ``.json`` sidecar, each
     atomically (temporary file, then rename)."""
-    import json
-
     from safetensors.torch import save_file
-
-    from .fileio import atomic_path, atomic_write_text
 
     part(record.get("part", ""))
     if record.get("format") != RECORD_FORMAT or not record.get("backbone_fingerprint"):
@@ -344,8 +380,6 @@ def write(path: os.PathLike, tensors: Dict[str, Any], record: dict) -> Path:
 
 def _legacy_record(path: Path, meta: dict) -> dict:
     """A format-1 file's record in the schema (``format`` 1), or CheckpointError naming the file."""
-    import json
-
     for name in ("rtic", "context_i2w"):
         if name in meta:
             old = json.loads(meta[name])
@@ -373,8 +407,6 @@ def _legacy_record(path: Path, meta: dict) -> dict:
 def read_record(path: os.PathLike) -> dict:
     """The record of a checkpoint file (any format, normalised to the schema) without loading its tensors;
     ``record["file"]`` is the file name. CheckpointError names the file when it has none."""
-    import json
-
     from safetensors import safe_open
 
     path = Path(path)
@@ -438,7 +470,7 @@ def load(part_name: str, path: Optional[os.PathLike] = None, fingerprint: Option
         hits = find(part_name, fingerprint, checkpoint_dir, dim, **config)
         if not hits:
             label = info.label if info else part_name
-            train = _train_command(info, config) if info else f"python -m engine prepare --parts {part_name}"
+            train = info.command(**config) if info else f"python -m engine prepare --parts {part_name}"
             raise CheckpointError(f"no {label} checkpoint for backbone {fingerprint or '?'} in "
                                   f"{describe_search_path(checkpoint_dir)}; make one with `{train}`")
         path = hits[0][0]
@@ -447,7 +479,7 @@ def load(part_name: str, path: Optional[os.PathLike] = None, fingerprint: Option
     if info is not None and record["part"] != part_name and PARTS[record["part"]].family != part_name:
         raise CheckpointError(f"{path.name} holds a {record['part']} checkpoint, not {part_name}")
     info = PARTS[record["part"]]
-    train = _train_command(info, record["config"])
+    train = info.command(**record["config"])
     require_backbone(path, record.get("backbone_fingerprint"), fingerprint, train)
     if dim is not None and _dim(record) not in (None, int(dim)):
         raise CheckpointError(f"{path.name} expects {_dim(record)}-d embeddings, not {dim}-d; "
@@ -485,8 +517,6 @@ def inventory(checkpoint_dir=None) -> Dict[str, list]:
 
 
 def main(argv=None) -> int:
-    import argparse
-
     ap = argparse.ArgumentParser(prog="python -m engine.checkpoints",
                                  description="Inspect or convert learned-part checkpoints.")
     sub = ap.add_subparsers(dest="command", required=True)
@@ -496,7 +526,6 @@ def main(argv=None) -> int:
     s = sub.add_parser("show", help="print a checkpoint's record")
     s.add_argument("file")
     args = ap.parse_args(argv)
-    import json
 
     if args.command == "convert":
         print(f"wrote {convert(args.part, args.file)}")

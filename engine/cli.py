@@ -6,20 +6,23 @@ import errno
 import importlib
 import json
 import logging
+import subprocess
 import sys
+import time
 from pathlib import Path
 
+from .checkpoints import PARTS, inventory
+from .config import Settings
 from .errors import EngineError
-from .query import DEFAULT_ALPHA, DEFAULT_K, limit_sentence
+from .query import DEFAULT_ALPHA, DEFAULT_K, SearchRequest, gallery_reference, limit_sentence
 
-# sub-commands whose implementation lives in another module: name -> (module, help)
-TRAINERS = {
-    "context-i2w": ("engine.train.context_i2w", "Context-I2W pseudo-word mapper"),
-    "rtic": ("engine.train.rtic", "RTIC composer (add --gcn for the GCN stream)"),
-    "lattqe": ("engine.train.lattqe", "LAttQE query expansion"),
-    "ics": ("engine.train.ics", "ICS hashing head"),
-    "anchor": ("engine.train.anchor_fit", "anchor a learned composer to the weighted sum (held-out validation)"),
-}
+ANCHOR_FIT = ("engine.train.anchor_fit", "anchor a learned composer to the weighted sum (held-out validation)")
+
+
+def trainers() -> dict:
+    """`python -m engine train NAME`: name -> (module, help) of every learned part's trainer (read from its spec,
+    engine.checkpoints.PARTS) and the anchor fit."""
+    return {**{p.family: (p.trainer, p.what) for p in PARTS.values() if p.prepare is not None}, "anchor": ANCHOR_FIT}
 
 
 def _add_backbone(p):
@@ -28,8 +31,6 @@ def _add_backbone(p):
 
 
 def _settings(args):
-    from .config import Settings
-
     s = Settings()
     if getattr(args, "backbone", None):
         s.backbone = args.backbone
@@ -40,9 +41,6 @@ def _settings(args):
 
 def _info_bench() -> int:
     """Time ``python -m engine info`` against a bare ``import torch``, both in fresh processes, in one run."""
-    import subprocess
-    import time
-
     def timed(argv):
         t = time.perf_counter()
         subprocess.run([sys.executable, *argv], check=True, stdout=subprocess.DEVNULL)
@@ -91,7 +89,6 @@ def cmd_info(args) -> int:
         out["backbones"] = BACKBONES.names()
         out["composers"] = COMPOSERS.names()
         out["expanders"] = EXPANDERS.names()
-        from .checkpoints import inventory
 
         out["checkpoints"] = inventory(s.checkpoints)  # every learned part on the search path, any backbone
     print(json.dumps(out, indent=2, default=str))
@@ -124,7 +121,6 @@ def cmd_index(args) -> int:
 
 def cmd_search(args) -> int:
     from .backbones import create_backbone
-    from .query import SearchRequest, gallery_reference  # noqa: I001
     from .search import open_engine, run
 
     s = _settings(args)
@@ -224,10 +220,11 @@ def main(argv=None) -> int:
         args.rest = args.rest[1:]
     try:
         if args.command == "train":
-            if not args.rest or args.rest[0] not in TRAINERS:
-                print("usage: python -m engine train {" + ",".join(TRAINERS) + "} [options]", file=sys.stderr)
+            known = trainers()
+            if not args.rest or args.rest[0] not in known:
+                print("usage: python -m engine train {" + ",".join(known) + "} [options]", file=sys.stderr)
                 return 2
-            return cmd_module(TRAINERS[args.rest[0]][0], args.rest[1:])
+            return cmd_module(known[args.rest[0]][0], args.rest[1:])
         if args.command in ("eval", "bench", "compare", "loadtest", "prepare"):
             module = {"eval": "engine.eval.cli", "bench": "engine.bench", "compare": "engine.compare",
                       "loadtest": "engine.loadtest", "prepare": "engine.prepare"}[args.command]

@@ -17,10 +17,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence
 
-from .errors import EngineError
+from .backbones import create_backbone
+from .config import Settings
+from .errors import EngineError, InputError
 from .labels import expand_label, method_label
 from .query import DEFAULT_ALPHA, DEFAULT_K, SearchRequest, gallery_reference
-from .search import DEFAULT_NQE, SearchEngine, SearchResponse, search
+from .search import DEFAULT_NQE, SearchEngine, SearchResponse, open_engine, search
 
 
 
@@ -136,6 +138,8 @@ def compare_request(engine: SearchEngine, request: SearchRequest, lattqe: Option
     A column whose method cannot take this query (e.g. *image only* without an image) carries the
     reason in ``error`` instead of results. Errors that concern the whole query (a bad image) are raised.
     """
+    if request.image is None and not (request.text or "").strip():
+        raise InputError("give a reference image, a modification text, or both")
     t0 = time.perf_counter()
     ref_hash = None
     image = request.image
@@ -206,10 +210,6 @@ def format_text(result: CompareResult, top: int = 5) -> str:
 
 
 def main(argv=None) -> int:
-    from .backbones import create_backbone
-    from .config import Settings
-    from .search import open_engine
-
     p = argparse.ArgumentParser(prog="python -m engine compare",
                                 description="Run one query through every available method, side by side")
     p.add_argument("--index", required=True, help="index folder")

@@ -16,6 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, Optional
 
+from .checkpoints import bundled_dir, search_dirs, slug
+from .fileio import atomic_write_text
+
 FALLBACK_METHOD = "sum"
 FALLBACK_NQE = 4
 FALLBACK_FRACTION = 0.02
@@ -84,8 +87,6 @@ def _read(path: Path) -> Optional[dict]:
 def engine_defaults(backbone, settings=None, checkpoint_dir=None) -> EngineDefaults:
     """The defaults recorded for ``backbone`` on the checkpoint search path (``checkpoint_dir``, else the
     settings' folder, first), else the fallback."""
-    from .checkpoints import search_dirs
-
     folder = checkpoint_dir if checkpoint_dir not in (None, "") else (
         getattr(settings, "checkpoints", None) if settings is not None else None)
     for directory in search_dirs(folder):
@@ -102,9 +103,6 @@ def engine_defaults(backbone, settings=None, checkpoint_dir=None) -> EngineDefau
 
 def write_defaults(backbone, chosen: dict, out_dir: Optional[Path] = None, command: str = "") -> Path:
     """Writes the record (atomically) for ``backbone``; ``chosen`` is ``engine.eval.generalise.choose``'s."""
-    from .checkpoints import bundled_dir, slug
-    from .fileio import atomic_write_text
-
     out_dir = Path(out_dir) if out_dir else bundled_dir()
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"defaults-{slug(backbone.name)}.json"

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Optional
 from urllib.parse import urljoin, urlparse
 
+from .config import cache_dir
 from .errors import InputError
 
 CHUNK = 1 << 20
@@ -130,7 +131,6 @@ def fetch_verified(source: str, sha256: str, quiet: bool = False, cache: Optiona
         if got != want:
             raise ChecksumError(f"{path.name} has SHA-256 {got}, not the expected {want}; refusing to use it")
         return path
-    from .config import cache_dir
 
     folder = Path(cache) if cache else cache_dir() / "downloads"
     folder.mkdir(parents=True, exist_ok=True)

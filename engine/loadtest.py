@@ -28,7 +28,6 @@ import json
 import os
 import random
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -42,10 +41,10 @@ from pathlib import Path
 from typing import Dict, List, Optional
 from urllib.parse import urlparse
 
-from .sysinfo import load_average
 from .config import ROOT, Settings, child_environment
 from .errors import InputError
 from .images import IMAGE_EXTENSIONS
+from .sysinfo import free_port, load_average
 
 TEXTS = ["the same but red", "as a dog", "at night", "a bigger one", "a photo of a cat", "in the snow",
          "with flowers", "a red apple", "the building at night", "made of wood"]
@@ -152,12 +151,6 @@ def check_loopback(url: str) -> str:
     if not ok:
         raise InputError(f"the load test only targets a local server (127.0.0.1 / localhost), not {host!r}")
     return url if url.endswith("/") else url + "/"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_ready(url: str, timeout: float, proc: Optional[subprocess.Popen] = None) -> float:

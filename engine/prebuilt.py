@@ -19,6 +19,10 @@ from typing import Optional
 
 import numpy as np
 
+from .checkpoints import slug
+from .config import cache_dir
+from .fileio import atomic_write_bytes, atomic_write_text
+
 log = logging.getLogger(__name__)
 ROOT = Path(__file__).resolve().parent.parent
 PREBUILT_DIR = ROOT / "assets" / "prebuilt"
@@ -27,8 +31,6 @@ SHARD_NAME = "shard-0-prebuilt.npz"
 
 
 def _slug(backbone_name: str) -> str:
-    from .checkpoints import slug
-
     return slug(backbone_name)
 
 
@@ -83,8 +85,6 @@ def seed_index(gallery, out, backbone, folder: Optional[Path] = None) -> bool:
 
 def write_prebuilt(index, backbone, command: str, folder: Optional[Path] = None) -> Path:
     """Writes the prebuilt files for ``index`` (an index of the bundled gallery built with ``backbone``)."""
-    from .fileio import atomic_write_bytes, atomic_write_text
-
     if index.fingerprint != backbone.fingerprint:
         raise ValueError("the index was built with another backbone")
     npz, rec = prebuilt_paths(backbone.name, folder)
@@ -104,8 +104,6 @@ def write_prebuilt(index, backbone, command: str, folder: Optional[Path] = None)
 def write_text_tables(backbone, folder: Path) -> list:
     """Copies the packaged backbone's text tables (ImageNet class prompts, concept prompts, as the backbone cached
     them) to ``folder``, where the backbone finds them on a first start with an empty cache."""
-    from .config import cache_dir
-
     names = list(getattr(backbone, "text_tables", []))
     folder.mkdir(parents=True, exist_ok=True)
     for old in folder.glob("text-*.npy"):

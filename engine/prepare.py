@@ -15,7 +15,7 @@ written into the checkpoint's ``.json`` sidecar under ``"prepare"``. The plan is
 shared machine changes); the limit is enforced by :mod:`engine.train.budget`: a part's trainer ends at the
 last epoch that fits its share of the deadline.
 
-Before training, every offline data set the asked-for parts read is built (:data:`DATA_NEEDS`: a part's trainer,
+Before training, every offline data set the asked-for parts read is built (:func:`data_needs`: a part's trainer,
 its prior anchor's fit and the defaults step), whichever parts are asked for and in whatever order. After
 training, the steps that read the held-out-domain suite run in the budget that is left, each only if some is
 left (at least :data:`SUITE_STEP_S`): the prior anchor of each composer trained (``engine.train.anchor_fit``),
@@ -37,34 +37,52 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib
 import io
 import json
 import os
+import shutil
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
 from .checkpoints import PARTS as CHECKPOINT_PARTS
-from .checkpoints import file_name, find, prepared_dir, read_record, slug
-from .config import Settings
+from .checkpoints import file_name, find, prepared_dir, prepared_parts, read_record, slug
+from .config import Settings, resolve_device
+from .data.formats import build_command
+from .defaults import engine_defaults
 from .errors import EngineError, InputError
+from .fetch import ChecksumError, _check_hex, fetch_verified
+from .fileio import atomic_write_text
+from .train.budget import train_deadline
 
-PARTS = ("context-i2w", "rtic", "lattqe", "ics")
 # training options of the shipped packaged checkpoints, so a prepared part is trained the same way
 # the shipped packaged mapper's command (docs/context_i2w.md), seed included
 CONTEXT_I2W_SMALL_RECIPE = ["--seed", "1", "--lr", "3e-4", "--warmup-steps", "30", "--gate-init", "0.3",
                             "--local-zero-init", "--global-dropout", "0.5", "--cosine-weight", "1.0"]
 RTIC_OFFLINE_RECIPE = ["--tone-edits", "--cos-weight", "0.3"]
-SHARE = {"context-i2w": 0.45, "rtic": 0.20, "lattqe": 0.20, "ics": 0.15}
-ICS_BITS = 64
-PREPARE_CONFIG = {"ics": {"bits": ICS_BITS}}  # which checkpoint of a part prepare makes and looks for
 LATTQE_SETS = "emoji,photos"
-# the offline data sets each part reads (its trainer, and for the composers the prior anchor's fit, which also
-# reads the held-out-domain suite), built before training whichever parts are asked for and in whatever order;
-# "defaults" is the step that chooses the default method on the suite
-DATA_NEEDS = {"context-i2w": ("captions", "cir"), "rtic": ("cir", "captions"), "lattqe": ("labelled",),
-              "ics": ("multilabel",), "defaults": ("captions", "cir")}
+# each part's budget share, probe, units and data sets, and the checkpoint prepare makes of it: its spec
+# (engine.checkpoints.PARTS[part].prepare); "defaults", the step that chooses the default method on the
+# held-out-domain suite, reads the suite's sets
+DEFAULTS_DATA = ("captions", "cir")
+
+
+def _spec(part: str):
+    return CHECKPOINT_PARTS[part].prepare
+
+
+def data_needs(part: str) -> tuple:
+    """The offline data sets ``part`` reads (its trainer, and for the composers the prior anchor's fit, which
+    also reads the held-out-domain suite), built before training whichever parts are asked for."""
+    return DEFAULTS_DATA if part == "defaults" else _spec(part).data
+
+
+def _config(part: str) -> dict:
+    """Which checkpoint of ``part`` prepare makes and looks for (ICS: its code length)."""
+    return dict(_spec(part).config)
 
 
 @dataclass
@@ -102,16 +120,17 @@ class Status:
 def find_existing(part: str, backbone, checkpoint_dir) -> Optional[Path]:
     """The checkpoint the layer would load for ``part`` and this backbone, or None (the table of parts,
     :data:`engine.checkpoints.PARTS`: ``rtic`` finds RTIC and RTIC+GCN)."""
-    if part not in PARTS:
-        raise InputError(f"unknown part {part!r}; choose from {', '.join(PARTS)}")
-    hits = find(part, backbone.fingerprint, checkpoint_dir, dim=backbone.embed_dim, **PREPARE_CONFIG.get(part, {}))
+    if part not in prepared_parts():
+        raise InputError(f"unknown part {part!r}; choose from {', '.join(prepared_parts())}")
+    hits = find(part, backbone.fingerprint, checkpoint_dir, dim=backbone.embed_dim, **_config(part))
     return hits[0][0] if hits else None
 
 
 def target_path(part: str, backbone, out: Path) -> Path:
     """``<stem>-<backbone slug>.safetensors`` in ``out`` (ICS: ``ics-<bits>``, named by the fingerprint)."""
-    stem = CHECKPOINT_PARTS[part].stem + (f"-{ICS_BITS}" if part == "ics" else "")
-    return out / file_name(stem, backbone.name if part != "ics" else backbone.fingerprint)
+    bits = _config(part).get("bits")
+    stem = CHECKPOINT_PARTS[part].stem + (f"-{bits}" if bits else "")
+    return out / file_name(stem, backbone.name if not bits else backbone.fingerprint)
 
 
 # -- running the trainers -------------------------------------------------------------------------------
@@ -120,10 +139,6 @@ def target_path(part: str, backbone, out: Path) -> Path:
 def _run_trainer(module: str, argv: List[str], quiet: bool) -> float:
     """Runs ``module.main(argv)`` in this process; returns its wall time. Trainer stdout (JSON summaries)
     is swallowed; their tqdm bars (stderr) show unless ``quiet``."""
-    import importlib
-
-    import threading
-
     mod = importlib.import_module(module)
     t0 = time.perf_counter()
     # trainers print JSON summaries; the CLI swallows them (the table says it all). In a background
@@ -173,20 +188,19 @@ def _argv(part: str, spec: str, device: str, out: Path, run_dir: Path, units: in
              target_path(part, _BB[spec], out).stem, "--epochs", str(epochs), "--queries-per-epoch", str(queries)]
         if probe:
             a += ["--eval-queries", "16", "--val-queries", "32"]
-    else:
+    elif part == "ics":
         (epochs,) = units
-        a = [*common, "--data", "multilabel", "--bits", str(ICS_BITS), "--epochs", str(epochs), "--out", str(out)]
+        a = [*common, "--data", "multilabel", "--bits", str(_config(part)["bits"]), "--epochs", str(epochs),
+             "--out", str(out)]
+    else:  # a part with the plain trainer options (engine.checkpoints.Prepare)
+        a = [*common, "--out", str(out), "--epochs", str(units[0])]
     if part in ("rtic", "context-i2w"):
         a.append("--no-anchor")  # the prior anchor is its own step after training, within the budget (_prepare_anchor)
-    if quiet and part in ("lattqe", "ics", "rtic", "context-i2w"):
+    if quiet:
         a.append("--quiet")
     return a
 
 
-MODULES = {"context-i2w": "engine.train.context_i2w", "rtic": "engine.train.rtic",
-           "lattqe": "engine.train.lattqe", "ics": "engine.train.ics"}
-# probe sizes and how units scale: (probe units, full-size units, callable(units_budget) -> units)
-PROBE = {"context-i2w": (128, 1), "rtic": (1,), "lattqe": (1, 128), "ics": (5,)}
 _BB: Dict[str, object] = {}
 
 
@@ -214,7 +228,9 @@ def plan_units(part: str, probe_units, probe_s: float, seconds: float, small: bo
         total = int(left / per_q)
         queries = max(128, min(2048, total // 4))
         return max(1, min(40, total // queries)), queries
-    return (max(5, min(60, int(left / probe_s * probe_units[0]))),)
+    if part == "ics":
+        return (max(5, min(60, int(left / probe_s * probe_units[0]))),)
+    return (max(1, int(left / probe_s * probe_units[0])),)  # epochs, linear in time
 
 
 def _held_out(part: str, sidecar: dict) -> str:
@@ -236,8 +252,6 @@ def _held_out(part: str, sidecar: dict) -> str:
 
 
 def _annotate(path: Path, info: dict) -> dict:
-    from .fileio import atomic_write_text
-
     side = path.with_suffix(".json")
     record = json.loads(side.read_text()) if side.is_file() else {}
     record["prepare"] = info
@@ -245,36 +259,34 @@ def _annotate(path: Path, info: dict) -> dict:
     return record
 
 
-def prepare(backbone: str = "auto", out: Optional[os.PathLike] = None, parts: Sequence[str] = PARTS,
+def prepare(backbone: str = "auto", out: Optional[os.PathLike] = None, parts: Optional[Sequence[str]] = None,
             budget_min: float = 30.0, data: Sequence[str] = (), force: bool = False,
             context_i2w_checkpoint: Optional[str] = None, sha256: Optional[str] = None, device: str = "auto",
             quiet: bool = False, status: Optional[Status] = None, settings=None) -> List[Row]:
     """Makes ``parts`` available for ``backbone``; returns one :class:`Row` per part (see module doc).
     ``settings`` (default: read now) gives the ``CIS_CHECKPOINTS`` folders searched after ``out``."""
     from .backbones import create_backbone
-    from .config import Settings, resolve_device
 
     settings = settings or Settings()
 
     t_start = time.perf_counter()  # the budget counts from here: loading the backbone is part of it
-    parts = [p.strip() for p in parts if p.strip()]
-    bad = [p for p in parts if p not in PARTS]
+    known = prepared_parts()
+    parts = [p.strip() for p in (known if parts is None else parts) if p.strip()]
+    bad = [p for p in parts if p not in known]
     if bad:
-        raise InputError(f"unknown part {bad[0]!r}; choose from {', '.join(PARTS)}")
+        raise InputError(f"unknown part {bad[0]!r}; choose from {', '.join(known)}")
     if budget_min <= 0:
         raise InputError("--budget-min must be positive")
     sources = _parse_data(data)
     if context_i2w_checkpoint and not sha256:
         raise InputError("--context-i2w-checkpoint needs --sha256 HEX (the file's expected SHA-256)")
     if context_i2w_checkpoint:
-        from .fetch import _check_hex
-
         _check_hex(sha256)
     device = resolve_device(device)
     bb = create_backbone(backbone, device)
     spec = backbone
     _BB[spec] = bb
-    out = Path(out) if out else prepared_dir()  # created by the first checkpoint written into it
+    out = Path(out) if out else prepared_dir(settings=settings)  # created by the first checkpoint written into it
     search = os.pathsep.join([str(out), settings.checkpoints_given])
     status = status or Status()
     for p in parts:
@@ -289,7 +301,7 @@ def prepare(backbone: str = "auto", out: Optional[os.PathLike] = None, parts: Se
         t0 = time.perf_counter()
         status.state[part] = "preparing"
         try:
-            lacking = [missing[n] for n in DATA_NEEDS.get(part, ()) if n in missing]
+            lacking = [missing[n] for n in data_needs(part) if n in missing]
             if lacking and not (part == "context-i2w" and context_i2w_checkpoint):
                 raise InputError(lacking[0])
             row = _prepare_part(part, bb, spec, device, out, search, force, sources, small, quiet, deadline,
@@ -297,7 +309,6 @@ def prepare(backbone: str = "auto", out: Optional[os.PathLike] = None, parts: Se
             status.state[part] = "available"
             status.fraction[part] = 1.0
         except Exception as exc:  # one part failing does not stop the others
-            from .fetch import ChecksumError
 
             if isinstance(exc, ChecksumError):  # the wrong file: refuse the whole run, write nothing
                 raise
@@ -323,11 +334,11 @@ def prepare(backbone: str = "auto", out: Optional[os.PathLike] = None, parts: Se
 
 
 def data_needed(parts: Sequence[str], sources: Dict[str, str]) -> List[str]:
-    """The offline data sets ``parts`` read (:data:`DATA_NEEDS`), in order, each once; a part trained on
+    """The offline data sets ``parts`` read (:func:`data_needs`), in order, each once; a part trained on
     ``--data`` sources still needs the suite's sets for its anchor fit and the defaults step."""
     names: List[str] = []
     for part in [*parts, "defaults"] if any(p in ("rtic", "context-i2w") for p in parts) else parts:
-        for n in DATA_NEEDS.get(part, ()):
+        for n in data_needs(part):
             if n not in names:
                 names.append(n)
     return names
@@ -338,7 +349,6 @@ def build_data(parts: Sequence[str], sources: Dict[str, str], quiet: bool = Fals
     for each set that could not be built: the sentence names the command that builds it and why it is needed
     (the parts that need it then fail with it; the others go on)."""
     from .data.builders import ensure_built
-    from .data.formats import build_command
 
     missing: Dict[str, str] = {}
     for name in data_needed(parts, sources):
@@ -346,7 +356,7 @@ def build_data(parts: Sequence[str], sources: Dict[str, str], quiet: bool = Fals
             with contextlib.redirect_stderr(io.StringIO()) if quiet else contextlib.nullcontext():
                 ensure_built(name)
         except Exception as exc:
-            users = ", ".join(p for p in parts if name in DATA_NEEDS.get(p, ())) or "the defaults step"
+            users = ", ".join(p for p in parts if name in data_needs(p)) or "the defaults step"
             missing[name] = (f"the offline data set {name!r} that {users} needs could not be built "
                              f"({exc.__class__.__name__}: {exc}); build it with: {build_command(name)}")
     return missing
@@ -375,10 +385,7 @@ def _prepare_anchor(part: str, bb, search: str, out: Path) -> Row:
 def _prepare_defaults(bb, out: Path, search: str, force: bool) -> Row:
     """The default method and nQE per expander for this backbone, chosen on the validation side of the
     held-out-domain suite exactly as for the shipped backbone (``engine.eval.generalise.choose_defaults``)."""
-    from .defaults import engine_defaults
-
     t0 = time.perf_counter()
-    from .config import Settings
 
     settings = Settings(checkpoints=search)
     found = engine_defaults(bb, settings)
@@ -415,11 +422,9 @@ def _prepare_part(part, bb, spec, device, out, search, force, sources, small, qu
         if found is not None:
             return Row(part, "existing", str(found), _held_out(part, read_record(found)))
     if part == "context-i2w" and ci2w_ckpt:
-        from .fetch import fetch_verified
-
         local = fetch_verified(ci2w_ckpt, sha256, quiet=quiet, deadline=deadline)  # within the budget
         target = target_path(part, bb, out)
-        _run_trainer(MODULES[part], ["--backbone", spec, "--device", device, "--checkpoint", str(local),
+        _run_trainer(CHECKPOINT_PARTS[part].trainer, ["--backbone", spec, "--device", device, "--checkpoint", str(local),
                                      "--epochs", "0", "--out", str(out), "--name", target.name,
                                      "--eval-cir", "", "--val-split", ""], quiet)
         rec = _annotate(target, {"source": "converted", "from": os.path.basename(str(ci2w_ckpt)),
@@ -427,18 +432,16 @@ def _prepare_part(part, bb, spec, device, out, search, force, sources, small, qu
         return Row(part, "converted", str(target), _held_out(part, rec))
     t_part = time.perf_counter()
     remaining = max(deadline - t_part, 1.0)
-    weights = [SHARE[p] for p in [part, *todo]]
-    seconds = remaining * SHARE[part] / sum(weights)
+    weights = [_spec(p).share for p in [part, *todo]]
+    seconds = remaining * _spec(part).share / sum(weights)
     run_dir = prepared_dir(create=True).parent / "prepare" / slug(bb.fingerprint) / part
     run_dir.mkdir(parents=True, exist_ok=True)
     plan_file = run_dir / "plan.json"
     plan = json.loads(plan_file.read_text()) if plan_file.is_file() else None
-    module = MODULES[part]
+    module = CHECKPOINT_PARTS[part].trainer
     if plan is None or plan.get("fingerprint") != bb.fingerprint or plan.get("budget_min") != budget_min:
-        import shutil
-
         shutil.rmtree(run_dir / "run", ignore_errors=True)  # its state belongs to another plan
-        probe = PROBE[part]
+        probe = _spec(part).probe
         status.fraction[part] = 0.05
         probe_out = run_dir / "probe"
         probe_s = _run_trainer(module, _argv(part, spec, device, probe_out, run_dir / "probe-run", probe, True,
@@ -446,12 +449,10 @@ def _prepare_part(part, bb, spec, device, out, search, force, sources, small, qu
         units = plan_units(part, probe, probe_s, seconds, small)
         plan = {"fingerprint": bb.fingerprint, "budget_min": budget_min, "budget_s": round(seconds, 1), "probe_units": list(probe),
                 "probe_s": round(probe_s, 2), "units": list(units), "small_mapper": small, "device": device}
-        from .fileio import atomic_write_text
 
         atomic_write_text(plan_file, json.dumps(plan))
     status.fraction[part] = 0.2
     status.started[part], status.planned_s[part] = time.perf_counter(), max(seconds - plan["probe_s"], 1.0)
-    from .train.budget import train_deadline
 
     # the plan is an estimate; this is the limit, leaving the part's evaluation and writing their share
     with train_deadline(min(deadline, t_part + seconds) - EVAL_RESERVE * seconds):
@@ -460,8 +461,7 @@ def _prepare_part(part, bb, spec, device, out, search, force, sources, small, qu
     target = target_path(part, bb, out)
     if not target.is_file():
         raise EngineError(f"the {part} trainer finished without writing {target.name}")
-    unit_names = {"context-i2w": ["pairs", "epochs"], "rtic": ["epochs"], "lattqe": ["epochs", "queries_per_epoch"],
-                  "ics": ["epochs"]}[part]
+    unit_names = _spec(part).units
     info = {"source": "trained", "command": "python -m engine prepare", **plan,
             "units": dict(zip(unit_names, plan["units"])), "train_s": round(run_s, 1)}
     rec = _annotate(target, info)
@@ -482,7 +482,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--backbone", default=settings.backbone)
     ap.add_argument("--device", default="auto")
     ap.add_argument("--out", default=None, help="checkpoint folder (default: the prepared-checkpoint cache)")
-    ap.add_argument("--parts", default=",".join(PARTS), help="comma list of " + ", ".join(PARTS))
+    ap.add_argument("--parts", default=",".join(prepared_parts()), help="comma list of " + ", ".join(prepared_parts()))
     ap.add_argument("--budget-min", type=float, default=30.0, help="total wall-time budget in minutes")
     ap.add_argument("--data", action="append", default=[], help="captions=PATH, fashioniq=ROOT or cirr=ROOT")
     ap.add_argument("--force", action="store_true", help="retrain parts that already exist")

@@ -5,6 +5,7 @@ a broken section module fails the run loudly.
 """
 from __future__ import annotations
 
+import re
 from typing import List
 
 
@@ -12,8 +13,6 @@ def merge_sections(old: str, new_parts: List[str]) -> str:
     """Replaces the ``## name`` sections of the report ``old`` that were re-measured (``new_parts``, each
     starting with its ``## name`` line) and keeps the others and the head (text before the first section)
     as they were; a section that ``old`` lacks is appended."""
-    import re
-
     chunks = re.split(r"(?m)^## ", old)
     head, sections = chunks[0], {c.split("\n", 1)[0].strip(): "## " + c for c in chunks[1:]}
     for part in new_parts:

@@ -4,6 +4,7 @@ from __future__ import annotations
 import hashlib
 import io
 import logging
+import platform
 import threading
 import time
 from collections import OrderedDict
@@ -15,14 +16,16 @@ import numpy as np
 import torch
 from PIL import Image
 
+from .backbones import create_backbone
 from .backbones.base import Backbone
+from .checkpoints import refusals
 from .compose import COMPOSERS, Composer, ComposerUnavailable, Query
 from .config import MAX_K, Settings
-from .checkpoints import refusals
+from .defaults import engine_defaults
 from .errors import CheckpointError, EngineError, InputError
 from .expand import EXPANDERS, Expander, ExpanderUnavailable
 from .expand.base import Expansion
-from .images import DEFAULT_MAX_BYTES, decode_limits, load_image
+from .images import DEFAULT_MAX_BYTES, decode_limits, load_image, read_bytes
 from .index.store import GalleryIndex
 from .share import ReferenceStore
 from .query import SearchRequest
@@ -162,7 +165,6 @@ class SearchEngine:
                     )
                 except (ExpanderUnavailable, CheckpointError) as exc:
                     self.expanders_unavailable[name] = _unavailable_reason(exc, refused)
-        from .defaults import engine_defaults
 
         self.defaults = engine_defaults(backbone, self.settings)
 
@@ -190,8 +192,6 @@ class SearchEngine:
             image.save(buf, "PNG")
             key = hashlib.sha256(buf.getvalue()).hexdigest()
         else:
-            from .images import read_bytes
-
             data = read_bytes(image, int(self.settings.max_upload_mb * 1e6))
             key = hashlib.sha256(data).hexdigest()
             image = data
@@ -240,8 +240,6 @@ class SearchEngine:
         return {n: (reason or "available") for n, reason in self.methods().items()}
 
     def info(self) -> dict:
-        import platform
-
         return {
             "backbone": self.backbone.describe(),
             "index": self.index.stats(),
@@ -482,15 +480,9 @@ def _explain(engine: SearchEngine, results: List[Result], query: Query, qvec: np
         r.explain["composed_score"] = float(v @ qvec)
 
 
-_engines: Dict[Tuple[str, str], SearchEngine] = {}
-_engines_lock = threading.Lock()
-
-
 def open_engine(index_dir, backbone: Optional[Backbone] = None, settings: Optional[Settings] = None,
                 index_type: Optional[str] = None, models_from: Optional[SearchEngine] = None) -> SearchEngine:
     """Load an index folder with the backbone it was built with (or the given one)."""
-    from .backbones import create_backbone
-
     settings = settings or Settings()
     if str(index_dir) == "gallery":      # the demo's own index (the one `python app.py` builds and serves)
         index_dir = settings.resolved_index_dir()

@@ -16,6 +16,9 @@ from .batching import TextBatcher, batch_texts
 from .config import Settings, cache_dir
 from .errors import IndexLoadError, InputError
 from .index.build import index_source
+from .index.ics_index import available_ics_types
+from .index.walk import find_images
+from .prebuilt import seed_index
 from .search import SearchEngine, open_engine
 
 log = logging.getLogger(__name__)
@@ -57,7 +60,6 @@ def _open_default_engine(settings: Settings, progress=None) -> SearchEngine:
             first = not (Path(out) / "CURRENT").exists()
             if not first:
                 log.warning("rebuilding the gallery index at %s (%s)", out, exc)
-        from .prebuilt import seed_index
 
         seeded = seed_index(settings.gallery, out, backbone)  # the bundled gallery's prebuilt embeddings, when they fit
         if first and not seeded:
@@ -74,8 +76,6 @@ def gallery_changes(gallery, index) -> str:
     """An empty string when the index lists exactly the photos of the ``gallery`` folder (skipped files counted as listed),
     else what differs ("3 photos added, 136 removed"): a gallery updated under a cached index (a new version of
     the bundled one, photos added by hand) is indexed again, incrementally, instead of serving removed photos."""
-    from .index.walk import find_images
-
     listed = set(find_images(Path(gallery)))
     indexed = {str(it["path"]) for it in index.items}
     skipped = {str(s.get("path")) for s in index.meta.get("skipped", []) if isinstance(s, dict)}
@@ -93,8 +93,6 @@ def sessions_dir() -> Path:
 def session_index_types(base: SearchEngine) -> list:
     """Index types offered for an uploaded gallery: ``auto`` (float vectors: exact flat search, IVF when
     large) and every ``ics-K`` compact binary index with a checkpoint for the live backbone."""
-    from .index.ics_index import available_ics_types
-
     return ["auto", *available_ics_types(base.settings.checkpoints, base.backbone.fingerprint,
                                          base.backbone.embed_dim)]
 

@@ -73,10 +73,6 @@ class QueryState:
         self.notices += [n for n in req.notices if n not in self.notices]
         return self
 
-    @property
-    def has_reference(self) -> bool:
-        return self.image_id is not None or self.image_hash is not None
-
     def to_dict(self) -> dict:
         return {k: v for k, v in asdict(self).items() if k != "notices"}
 

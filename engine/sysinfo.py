@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import platform
+import socket
 from pathlib import Path
 
 
@@ -29,3 +30,10 @@ def machine() -> str:
         pass
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none"
     return f"{cpu}, {os.cpu_count()} cores, GPU: {gpu}, torch {torch.__version__}, {platform.python_version()}"
+
+
+def free_port() -> int:
+    """A TCP port free on the loopback interface now (for a server this process starts)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

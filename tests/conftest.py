@@ -94,19 +94,13 @@ def small_gallery(tmp_path):
 
 @pytest.fixture(scope="session")
 def launch_demo():
-    """``launch(demo, engine) -> base URL`` (no trailing slash): the app on a free loopback port, serving
-    the engine's gallery files as app.py does. The caller closes the demo."""
-    import socket
+    """``launch(demo, engine) -> base URL`` (no trailing slash): the app on a free loopback port, launched with
+    app.py's options (``demo.launch.launch_options``: JSON route, middleware, size limit, served folders).
+    The caller closes the demo."""
+    from demo.launch import serve_in_process
 
     def launch(demo, engine) -> str:
-        from demo.ui import allowed_paths
-
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True,
-                    allowed_paths=allowed_paths(engine))
-        return f"http://127.0.0.1:{port}"
+        return serve_in_process(demo, engine).rstrip("/")
 
     return launch
 

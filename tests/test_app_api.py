@@ -80,3 +80,20 @@ def test_upload_tab_builds_a_compact_ics_index(app_server, gallery_engine, tmp_p
     _, _, raw = client.predict(handle_file(str(photos[5])), "", "image", 0.5, 3, False, "none", 64, False,
                                api_name="/search_own")
     assert json.loads(raw)["results"][0]["path"] == "p05.jpg"
+
+
+def test_the_test_server_is_the_production_server(app_server, gallery_engine):
+    """app_server launches through demo.launch.launch_options as app.py does: the JSON route and the upload
+    size limit are there (before issue #34 the tests' server had neither)."""
+    import httpx
+
+    from demo.launch import launch_options
+
+    r = httpx.post(f"{app_server}/api/search", json={"image": "gallery:0", "text": "at night", "k": 3}, timeout=120)
+    assert r.status_code == 200, r.text
+    assert [x["id"] for x in r.json()["results"]][:1] and all(x["id"] != 0 for x in r.json()["results"])
+    bad = httpx.post(f"{app_server}/api/search", json={"colour": "red"}, timeout=30)
+    assert bad.status_code == 400 and "unknown field 'colour'" in bad.text
+    options = launch_options(gallery_engine)
+    assert options["max_file_size"] == f"{int(gallery_engine.settings.max_zip_mb)}mb"
+    assert options["app_kwargs"]["routes"] and options["app_kwargs"]["middleware"] and options["show_error"] is False

@@ -265,8 +265,8 @@ def test_local_zero_init_starts_from_the_global_branch_and_the_local_branch_then
 
 
 def test_recoloured_pairs_name_the_new_colour(monkeypatch):
-    from engine.data import cir_triplets
     from engine.data.cir_triplets import Triplet
+    from engine.train.context_i2w import data as context_i2w_data
     from engine.train.context_i2w import load_pairs
 
     rows = [Triplet("a", "ref.png", "make it blue", ["hammer__blue.png"],
@@ -274,7 +274,7 @@ def test_recoloured_pairs_name_the_new_colour(monkeypatch):
             Triplet("b", "ref.png", "make it blue", ["hammer__blue.png"],  # the same target again
                     {"kind": "recolour", "attribute": "blue", "reference_caption": "hammer, a tool"}),
             Triplet("c", "x.png", "as a woman", ["y.png"], {"kind": "gender", "reference_caption": "man"})]
-    monkeypatch.setattr(cir_triplets, "load_offline_cir", lambda split, hold_out=False: rows)
+    monkeypatch.setattr(context_i2w_data, "load_offline_cir", lambda split, hold_out=False: rows)
     pairs = load_pairs("recoloured", "train")
     assert [(p.path.name, p.caption) for p in pairs] == [("hammer__blue.png", "blue hammer, a tool")]
 

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from engine.data.heldout import training_texts, training_vocabulary, words
+from engine.data.heldout import words
+from engine.data.vocabulary import training_texts, training_vocabulary
 from engine.data.tone import edited_file
 from engine.eval.generalise import (ATTRIBUTE_TEMPLATES, CATEGORY_TEMPLATES, EDITS, OLD_KINDS, bootstrap_interval,
                                     build_suite, held_out_photos, overall_score, summarise)

@@ -42,15 +42,12 @@ def test_only_loopback_servers_are_accepted():
 
 def test_short_load_run_reports_throughput_latency_and_memory(gallery_engine, tmp_path, capsys):
     """Both routes of one server (POST /api/search, then /search through Gradio's queue), one compute limit."""
-    from demo.api import api_routes
-    from demo.ui import allowed_paths, build_demo
-    from engine.loadtest import free_port, main
+    from demo.launch import serve_in_process
+    from demo.ui import build_demo
+    from engine.loadtest import main
 
     demo = build_demo(gallery_engine.settings, engine=gallery_engine)
-    port = free_port()
-    demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True,
-                allowed_paths=allowed_paths(gallery_engine), app_kwargs={"routes": api_routes(gallery_engine)})
-    url = f"http://127.0.0.1:{port}/"
+    url = serve_in_process(demo, gallery_engine)
     try:
         out = tmp_path / "summary.json"
         rc = main(["--url", url, "--pid", str(os.getpid()), "--clients", "2", "--duration", "4", "--warmup", "1",

@@ -177,7 +177,7 @@ def test_the_manifest_counts_the_vocabularies(built):
 def test_the_suites_new_colours_are_its_sides_names_and_reach_their_hue(tmp_path, monkeypatch):
     from engine.eval import generalise_open as go
 
-    monkeypatch.setattr("engine.data.heldout.training_texts", lambda: frozenset())
+    monkeypatch.setattr("engine.eval.generalise_open.training_texts", lambda: frozenset())
     photos = []
     for j, body in enumerate(BODIES):
         path = tmp_path / f"p{j}.png"

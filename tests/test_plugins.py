@@ -31,11 +31,10 @@ def test_merge_keeps_head_and_order_and_appends_new_sections():
 
 def test_eval_offline_only_keeps_the_other_sections(tmp_path, monkeypatch):
     """`eval offline --only X` re-measures X and leaves the composed-retrieval tables (and the head) alone."""
-    import engine.backbones
     from engine.eval import offline
 
     monkeypatch.setitem(offline.OFFLINE_SECTIONS._items, "fake", lambda args, ctx: ("fresh table", {"x": 1}))
-    monkeypatch.setattr(engine.backbones, "create_backbone", lambda spec, device: object())
+    monkeypatch.setattr(offline, "create_backbone", lambda spec, device: object())
     out = tmp_path / "RESULTS.md"
     out.write_text("# Results\n\nold head\n\n## Composed retrieval (packaged)\n\n| rtic | 70.9 |\n\n"
                    "## fake\n\nstale table\n")

@@ -29,9 +29,9 @@ def test_prepare_one_composer_alone_on_an_empty_cache_builds_what_it_needs(part,
     (its trainer, its anchor fit, the defaults step) reads, trains it, and ends near its budget."""
     from engine.backbones import create_backbone
     from engine.data.builders import is_built
-    from engine.prepare import DATA_NEEDS, data_needed
+    from engine.prepare import data_needed, data_needs
 
-    assert set(DATA_NEEDS[part]) <= set(data_needed([part], {}))
+    assert set(data_needs(part)) <= set(data_needed([part], {}))
     assert {"captions", "cir"} <= set(data_needed([part], {}))  # the anchor fit and defaults read the suite
     assert not any(is_built(n) for n in data_needed([part], {}))
     out = empty_checkpoints / "prepared"

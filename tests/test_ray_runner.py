@@ -3,7 +3,6 @@ killed mid-run loses and duplicates nothing, finished shards are not recomputed.
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -17,16 +16,11 @@ from PIL import Image
 ray = pytest.importorskip("ray", reason="the Ray extra (requirements-scale.txt) is not installed")
 
 from engine.index.store import GalleryIndex
+from engine.sysinfo import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 BACKBONE = "tiny:tiny-vit-a"
 N_IMAGES = 200
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _ray_cli(*args, env, check=True):
@@ -40,7 +34,7 @@ def cluster():
     temp = tempfile.mkdtemp(prefix="r")  # short: Ray's socket paths must stay under 107 bytes
     # loopback-only test cluster: no token authentication (docs/scale.md keeps it on for real clusters)
     env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0", RAY_AUTH_MODE="disabled", PYTHONPATH=str(ROOT))
-    port = _free_port()
+    port = free_port()
     address = f"127.0.0.1:{port}"
     try:
         _ray_cli("start", "--head", "--node-ip-address", "127.0.0.1", "--port", str(port), "--num-cpus", "1",

@@ -136,7 +136,7 @@ def test_rcc_rejects_bad_files():
 
 
 def test_rcc_on_installed_gcompris_archive():
-    path = sources.GCOMPRIS_RCC_DIR / "erase.rcc"
+    path = sources.gcompris_rcc_dir() / "erase.rcc"
     if not path.is_file():
         pytest.skip("gcompris-qt-data is not installed")
     arc = RccArchive.open(path)

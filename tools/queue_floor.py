@@ -36,9 +36,10 @@ def main(argv=None) -> int:
     import gradio as gr
 
     from demo.formatting import explanation_markdown, gallery_items
+    from demo.launch import serve_in_process
     from demo.ui import allowed_paths
     from engine.config import Settings
-    from engine.loadtest import free_port, gallery_images, run_load
+    from engine.loadtest import gallery_images, run_load
     from engine.search import search
     from engine.service import load_default_engine
 
@@ -58,14 +59,12 @@ def main(argv=None) -> int:
             gr.Button().click(lambda *a: reply, inputs, outputs, api_name="search",
                               concurrency_limit=args.concurrency)
     demo.queue(max_size=64, status_update_rate="auto", api_open=False)
-    port = free_port()
-    demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True,
-                allowed_paths=allowed_paths(engine))
+    url = serve_in_process(demo, engine, settings)  # the app's server options (demo/launch.py), a stripped page
     try:
         if args.no_queue:
-            run_without_queue(f"http://127.0.0.1:{port}/", args.clients, args.duration, args.warmup)
+            run_without_queue(url, args.clients, args.duration, args.warmup)
         else:
-            run_load(f"http://127.0.0.1:{port}/", args.clients, args.duration, os.getpid(),
+            run_load(url, args.clients, args.duration, os.getpid(),
                      gallery_images(settings.gallery), ["sum", "image", "text"], warmup=args.warmup)
     finally:
         demo.close()

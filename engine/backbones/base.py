@@ -4,7 +4,7 @@ from __future__ import annotations
 import hashlib
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Iterable, List, Sequence, Tuple
+from typing import List, Sequence, Tuple
 
 import torch
 from PIL import Image
@@ -96,12 +96,6 @@ class Backbone(ABC):
             "device": self.device,
             "why": self.why,
         }
-
-    # -- helpers shared by implementations ---------------------------------------------
-    @torch.no_grad()
-    def embed_pil(self, images: Iterable[Image.Image]) -> torch.Tensor:
-        batch = torch.stack([self.preprocess(im) for im in images])
-        return self.encode_images(batch)
 
 
 def bounded_square(image: Image.Image, max_aspect: float = 2.0) -> Image.Image:

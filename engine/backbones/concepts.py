@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass
 from typing import Dict, List
 
 import torch
+import torch.nn.functional as F
 
 # Basic colour terms (Berlin & Kay's eleven, plus cyan, a term the offline recolour edits use) and a focal
 # sRGB colour for each.
@@ -152,8 +153,6 @@ def mix(class_part: torch.Tensor, scores: Dict[str, torch.Tensor], concept_text:
     ``class_part``: (B, D) unit-length class mixture; ``concept_text``: (len(concept_prompts()), D)
     unit-length phrase embeddings.
     """
-    import torch.nn.functional as F
-
     t = len(COLOUR_TERMS)
     obj_text, scene_text, light_text = concept_text[:t], concept_text[t : 2 * t], concept_text[2 * t :]
     out = weights.classes * class_part

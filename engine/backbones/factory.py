@@ -17,6 +17,7 @@ from ..config import Settings, resolve_device
 from ..errors import EngineError
 from ..registry import Registry
 from .base import Backbone
+from .openclip import DEFAULT_ARCH, DEFAULT_TAG, OpenClipBackbone, hub_reachable, pretrained_cached
 
 log = logging.getLogger(__name__)
 BACKBONES: Registry[Backbone] = Registry("backbone")
@@ -27,8 +28,6 @@ _lock = threading.Lock()
 
 @BACKBONES.register("open_clip")
 def _open_clip(spec: str, device: str) -> Backbone:
-    from .openclip import DEFAULT_ARCH, DEFAULT_TAG, OpenClipBackbone
-
     arch, _, tag = (spec or DEFAULT_ARCH).partition("/")
     b = OpenClipBackbone(arch or DEFAULT_ARCH, tag or (DEFAULT_TAG if not spec else None) or DEFAULT_TAG, device)
     b.why = "asked for by name"
@@ -46,8 +45,6 @@ def _packaged(spec: str, device: str) -> Backbone:
 
 @BACKBONES.register("tiny")
 def _tiny(spec: str, device: str) -> Backbone:
-    from .openclip import OpenClipBackbone
-
     b = OpenClipBackbone(spec or "tiny-vit-a", pretrained=None, device=device)
     b.why = "random weights, for tests"
     return b
@@ -56,8 +53,6 @@ def _tiny(spec: str, device: str) -> Backbone:
 @BACKBONES.register("auto")
 def _auto(spec: str, device: str, timeout: float = 3.0) -> Backbone:
     """``timeout``: seconds to wait for the hub (``Settings.auto_timeout_s``, passed by :func:`create_backbone`)."""
-    from .openclip import DEFAULT_ARCH, DEFAULT_TAG, hub_reachable, pretrained_cached
-
     try:
         cached = pretrained_cached(DEFAULT_ARCH, DEFAULT_TAG)
     except Exception:

@@ -2,6 +2,7 @@
 random-weight configurations (``configs/tiny-*.json``) for fast tests."""
 from __future__ import annotations
 
+import copy
 import logging
 import os
 import socket
@@ -12,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
+from ..config import Settings
 from ..errors import EngineError
 from .base import Backbone, TextEncoding, bounded_square, hash_state_dict
 
@@ -30,8 +32,6 @@ REPLACE_TOKEN, REPLACE_ID, OPENAI_BPE_VOCAB = "<|replace|>", 49405, 49408
 def with_replace_token(tokenizer):
     """A copy of open_clip's OpenAI-BPE ``SimpleTokenizer`` in which ``<|replace|>`` is the single token
     49405 (the id of the dropped last merge), or None when ``tokenizer`` is not that tokenizer."""
-    import copy
-
     import regex
     from open_clip.tokenizer import SimpleTokenizer
 
@@ -63,8 +63,6 @@ def _register_tiny_configs():
 
 def hub_reachable(timeout: float = 2.0) -> bool:
     """True when the model hub answers a TCP connect within ``timeout`` seconds (never retries)."""
-    from ..config import Settings
-
     if Settings().hf_hub_offline:
         return False
     try:

@@ -8,8 +8,10 @@ share MiniLM's 384-d space. Visual tokens are the final feature map (global mean
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib
+import io
 import logging
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -19,7 +21,9 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
+from ..config import cache_dir
 from ..errors import EngineError
+from ..fileio import atomic_save_npy
 from .base import Backbone, TextEncoding
 from .concepts import ConceptWeights, concept_prompts, concept_scores, mix
 from .visual import VisualChannel, load_channel
@@ -85,8 +89,6 @@ class PackagedBackbone(Backbone):
             ) from None
         self.variant, self.device, self.size = variant, device, size
         self.temperature, self.top_k = float(temperature), int(top_k)
-        import contextlib
-        import io
 
         with contextlib.redirect_stdout(io.StringIO()):  # the package prints on load
             self.vision = EfficientNet.from_pretrained(f"efficientnet-{variant}", weights_path=str(weights))
@@ -131,8 +133,6 @@ class PackagedBackbone(Backbone):
 
     def _text_table(self, tag: str, prompts: List[str]) -> torch.Tensor:
         """Unit-length text embeddings of ``prompts``, cached on disk per text encoder and prompt list."""
-        from ..config import cache_dir
-
         key = hashlib.sha256((self._weights_fp + tag + "\n".join(prompts)).encode()).hexdigest()[:16]
         path = cache_dir() / "packaged" / f"text-{key}.npy"
         self.text_tables.append(path.name)
@@ -148,7 +148,6 @@ class PackagedBackbone(Backbone):
                 pass
         embs = torch.cat([self._text_space(prompts[i : i + 250])[0] for i in range(0, len(prompts), 250)])
         path.parent.mkdir(parents=True, exist_ok=True)
-        from ..fileio import atomic_save_npy
 
         atomic_save_npy(path, embs.cpu().numpy().astype(np.float32))
         return embs

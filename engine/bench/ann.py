@@ -6,6 +6,7 @@ import time
 import numpy as np
 
 from ..eval.metrics import approximate_recall
+from ..index.vectors import HNSW_EF_CONSTRUCTION, HNSW_EF_SEARCH, create_vector_index
 from .base import SECTIONS, pct
 
 
@@ -79,8 +80,6 @@ class _Tables:
 
 def _variants(kind: str, n: int, args, efcs, out: _Tables):
     """Build options to measure for index ``kind`` at ``n`` vectors ([] = skipped, with a row saying why)."""
-    from ..index.vectors import HNSW_EF_CONSTRUCTION
-
     if kind == "ivfpq" and n > args.ivfpq_max:
         out.rows.append(f"| {n:,} | ivfpq | | skipped: building it would take well over 5 min on this machine "
                         "(100k: about 3 min; 1M has 10x the vectors and 4x the cells to assign them to; raise "
@@ -100,8 +99,6 @@ def _variants(kind: str, n: int, args, efcs, out: _Tables):
 
 def _measure(vi, kind: str, opts: dict, n: int, build_s: float, queries: dict, truth: dict, args, out: _Tables):
     """Latency and recall of one built index (every efSearch of the sweep for HNSW) into ``out``."""
-    from ..index.vectors import HNSW_EF_CONSTRUCTION, HNSW_EF_SEARCH
-
     name = kind + (f" efC {opts['ef_construction']}" if "ef_construction" in opts else "")
     for ef in (args.hnsw_ef_search if kind == "hnsw" else [None]):
         if ef is not None:
@@ -129,8 +126,6 @@ def _measure(vi, kind: str, opts: dict, n: int, build_s: float, queries: dict, t
 
 @SECTIONS.register("ann")
 def section_ann(args, ctx):
-    from ..index.vectors import HNSW_EF_CONSTRUCTION, create_vector_index
-
     out = _Tables()
     d = args.dim
     efcs = sorted({*args.hnsw_efc, HNSW_EF_CONSTRUCTION})
@@ -158,8 +153,6 @@ def section_ann(args, ctx):
 
 
 def _markdown(args, efcs, out: _Tables) -> str:
-    from ..index.vectors import HNSW_EF_CONSTRUCTION, HNSW_EF_SEARCH
-
     data, d = out.data, args.dim
     sizes = ",".join(str(n) for n in args.sizes)
     md = [f"Synthetic clustered {d}-d normalised vectors (1000 centres), {args.ann_queries} single queries per "

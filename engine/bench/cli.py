@@ -39,8 +39,28 @@ def _parser() -> argparse.ArgumentParser:
                    "minutes), keeping the mAP / recall tables of the last full run in --out")
     p.add_argument("--ics-threads", type=int, default=1, help="ics section: cores the compact indexes' Hamming "
                    "scan is split over (the rest of a query runs on one)")
+    p.add_argument("--ics-bits", default="16,32,64,128", help="ics section: code lengths compared")
+    p.add_argument("--ics-epochs", type=int, default=8, help="ics section: training epochs of each hash head")
+    p.add_argument("--ics-train", type=int, default=60000, help="ics section: Fashion-MNIST images to train on "
+                   "(the 10,000 test images are the queries and the rest of the gallery)")
+    p.add_argument("--ics-queries", type=int, default=1000, help="ics section: queries of the mAP and recall tables")
+    p.add_argument("--ics-multilabel", default="packaged", help="ics section: backbone of the multi-label table "
+                   "('' = no such table)")
     p.add_argument("--index-images", type=int, default=128)
     p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--compare-repeats", type=int, default=3, help="compare section: timed runs (the median counts)")
+    p.add_argument("--expander-gallery", type=int, default=10000, help="expanders section: synthetic gallery size")
+    p.add_argument("--expander-queries", type=int, default=100, help="expanders section: queries")
+    p.add_argument("--loadtest-clients", type=int, default=20)
+    p.add_argument("--loadtest-duration", type=float, default=45.0, help="loadtest section: seconds of load")
+    p.add_argument("--loadtest-warmup", type=float, default=60.0, help="loadtest section: seconds of load before "
+                   "the measured window")
+    p.add_argument("--loadtest-compute-seconds", type=float, default=8.0, help="loadtest section: seconds of the "
+                   "single-query measurement that gives the compute limit")
+    p.add_argument("--prepare-archs", default="tiny-vit-a,ViT-B-32,ViT-L-14", help="prepare-cost section: "
+                   "open_clip architectures measured")
+    p.add_argument("--text-batches", default="1,2,4,8,16", help="text-batch section: batch sizes")
+    p.add_argument("--text-repeats", type=int, default=15, help="text-batch section: forward passes per batch size")
     p.add_argument("--out", default=str(ROOT / "docs" / "BENCHMARKS.md"), help="markdown file to write ('' = none)")
     p.add_argument("--json", default="", help="also write the raw figures as JSON here")
     return p
@@ -52,6 +72,9 @@ def main(argv=None) -> int:
     args.index_types = [s for s in args.index_types.split(",") if s]
     args.hnsw_efc = [int(s) for s in args.hnsw_efc.split(",") if s]
     args.hnsw_ef_search = [int(s) for s in args.hnsw_ef_search.split(",") if s]
+    args.ics_bits = [int(s) for s in args.ics_bits.split(",") if s]
+    args.text_batches = [int(s) for s in args.text_batches.split(",") if s]
+    args.prepare_archs = [s for s in args.prepare_archs.split(",") if s]
     names = [n for n in SECTIONS if n not in HEAVY]
     if args.only:
         names = [n for n in args.only.split(",") if n]

@@ -6,7 +6,18 @@ from typing import Dict, Optional, Tuple
 
 import torch
 
-from ..compose.context_i2w import ContextI2WComposer, ContextI2WConfig, ContextI2WMapper, count_parameters
+from ..backbones.factory import create_backbone
+from ..backbones.openclip import OpenClipBackbone
+from ..checkpoints import find
+from ..compose.base import COMPOSERS, Query
+from ..compose.context_i2w import (
+    ContextI2WComposer,
+    ContextI2WConfig,
+    ContextI2WMapper,
+    count_parameters,
+    load_context_i2w,
+)
+from ..config import Settings
 from ..train.context_i2w import SMALL_CONFIG
 from .base import SECTIONS
 
@@ -15,8 +26,6 @@ def bench_context_i2w(backbone, mapper: Optional[ContextI2WMapper] = None, n: in
                       text: str = "with a red hat") -> Dict[str, float]:
     """Latency per query on the backbone's device, image pass excluded (it is shared with the cache):
     Context-I2W compose vs text-only compose; ``extra_ms`` is the difference."""
-    from ..compose.base import COMPOSERS, Query
-
     if mapper is None:
         torch.manual_seed(0)
         mapper = ContextI2WMapper(ContextI2WConfig.for_backbone(backbone))  # cost does not depend on weights
@@ -48,12 +57,6 @@ def section_context_i2w(args=None, ctx=None, n: int = 20) -> Tuple[str, dict]:
     weights) and the packaged offline backbone with its shipped checkpoint (else the ``--small`` mapper).
     Returns (markdown, figures).
     """
-    from ..backbones.factory import create_backbone
-    from ..backbones.openclip import OpenClipBackbone
-    from ..checkpoints import find
-    from ..compose.context_i2w import load_context_i2w
-    from ..config import Settings
-
     n = int(getattr(args, "queries", n) or n)
     rows = []
     vit = OpenClipBackbone("ViT-B-32", pretrained=None, device="cpu")

@@ -18,25 +18,27 @@
 """
 from __future__ import annotations
 
+import re
 import time
 from pathlib import Path
 from typing import Dict, Optional, Sequence
 
 import numpy as np
+import torch
 
+from ..data import fashion_mnist as fm
 from ..eval.metrics import approximate_recall, exact_top_ids, map_at_n
+from ..fileio import atomic_save_figure
 from ..index.ics import ICSConfig, labels_to_matrix
 from ..index.ics_baselines import ITQHasher, LSHHasher
 from ..index.ics_index import CompactBinaryIndex
 from ..sysinfo import load_average
-from ..train.ics import candidate_recall, train_ics
+from ..train.ics import candidate_recall, label_matrix, offline_multilabel, train_ics
 from .base import SECTIONS
 
 
 def fashion_mnist_features(pca: int = 128, seed: int = 0):
     """(70000, pca) L2-normalised PCA features of raw pixels (PCA fitted on the 60k train images) and labels."""
-    from ..data import fashion_mnist as fm
-
     xtr, ytr = fm.load("train")
     xte, yte = fm.load("test")
     x = np.concatenate([xtr, xte]).reshape(len(xtr) + len(xte), -1).astype(np.float32) / 255.0
@@ -243,21 +245,20 @@ def ivf_rows(flat_idx: CompactBinaryIndex, q, exact, qv, exact_v, threads: int =
 
 def bench_ics(bits_list: Sequence[int] = (16, 32, 64, 128), epochs: int = 8, rerank: int = 1000,
               million: int = 1_000_000, dim: int = 512, queries: int = 1000, multilabel_backbone: Optional[str] = None,
-              multilabel_epochs: int = 100, progress: bool = False, threads: int = 1) -> Dict:
-    """All figures of the ICS section (see the module docstring). ``million=0`` skips the 1M part."""
-    import torch
-
+              multilabel_epochs: int = 100, progress: bool = False, threads: int = 1, train: int = 60000) -> Dict:
+    """All figures of the ICS section (see the module docstring). ``million=0`` skips the 1M part; ``train``:
+    the Fashion-MNIST training images the heads train on and the mAP gallery holds (at most 60,000)."""
     torch.set_num_threads(1)
     figures: Dict = {"maps": []}
     x, y = fashion_mnist_features()
     ym = labels_to_matrix([[int(v)] for v in y])
+    train = min(train, 60000)
     q = np.arange(60000, 60000 + queries)
-    table, models = map_table("Fashion-MNIST (PCA-128 of pixels)", x[:60000], ym[:60000], x[q], ym[q],
-                              x[:60000], ym[:60000], bits_list, 1000, epochs, progress)
+    table, models = map_table("Fashion-MNIST (PCA-128 of pixels)", x[:train], ym[:train], x[q], ym[q],
+                              x[:train], ym[:train], bits_list, min(1000, train), epochs, progress)
     figures["maps"].append(table)
     if multilabel_backbone:
         from ..backbones import create_backbone
-        from ..train.ics import label_matrix, offline_multilabel
 
         sets = offline_multilabel(create_backbone(multilabel_backbone, "cpu"))
         tr_y, vocab = label_matrix(sets["train"][1])
@@ -266,9 +267,10 @@ def bench_ics(bits_list: Sequence[int] = (16, 32, 64, 128), epochs: int = 8, rer
         figures["maps"].append(map_table(f"offline multilabel ({multilabel_backbone})", sets["train"][0], tr_y,
                                          sets["query"][0], q_y, sets["db"][0], db_y, bits_list,
                                          min(1000, len(db_y)), multilabel_epochs, progress)[0])
-    itq_fit = x[:60000][np.random.default_rng(0).permutation(60000)[:20000]]
-    hashers = {"lsh-64": LSHHasher(x.shape[1], 64), "itq-64": ITQHasher(itq_fit, 64),
-               f"{PAPER}-64": models[PAPER, 64]}
+    itq_fit = x[:train][np.random.default_rng(0).permutation(train)[:20000]]
+    top = 64 if 64 in bits_list else max(bits_list)
+    hashers = {f"lsh-{top}": LSHHasher(x.shape[1], top), f"itq-{top}": ITQHasher(itq_fit, top),
+               f"{PAPER}-{top}": models[PAPER, top]}
     hashers.update({f"ics-{b}": models["ics", b] for b in bits_list})
     figures["recall"] = recall_table(x, x[q], rerank, hashers)
     if million:
@@ -387,7 +389,6 @@ def plot_maps(fig: Dict, path: Path) -> Path:
         ax.set_ylabel(f"mAP@{t['top']}")
         ax.set_title(t["set"], fontsize=9)
         ax.legend(fontsize=8)
-    from ..fileio import atomic_save_figure
 
     return atomic_save_figure(f, path)
 
@@ -395,14 +396,10 @@ def plot_maps(fig: Dict, path: Path) -> Path:
 @SECTIONS.register("ics")
 def section_ics(args, ctx):
     """``python -m engine bench --only ics``: markdown + figures; also writes docs/ics_map.png."""
-    from ..config import ROOT
-
     million = max(getattr(args, "sizes", [1_000_000]) or [1_000_000])
     threads = getattr(args, "ics_threads", 1)
     flags = f" --ics-threads {threads}" if threads != 1 else ""
     if getattr(args, "ics_million_only", False):
-        import torch
-
         torch.set_num_threads(1)
         fig = {"million": million_table(million, getattr(args, "dim", 512), progress=True, threads=threads)}
         kept = _previous_tables(Path(args.out)) if getattr(args, "out", "") else ""
@@ -410,17 +407,17 @@ def section_ics(args, ctx):
                 "and recall tables above it are kept from the last full `python -m engine bench --only ics` run, "
                 f"{kept[1] or 'date unknown'}).")
         return "\n\n".join(p for p in (kept[0], note, to_markdown(fig)) if p), fig
-    fig = bench_ics(million=million, dim=getattr(args, "dim", 512), multilabel_backbone="packaged", progress=True,
-                    threads=threads)
-    plot_maps(fig, ROOT / "docs" / "ics_map.png")
+    fig = bench_ics(bits_list=args.ics_bits, epochs=args.ics_epochs, million=million, dim=args.dim,
+                    queries=args.ics_queries, multilabel_backbone=args.ics_multilabel or None, progress=True,
+                    threads=threads, train=args.ics_train)
+    if args.out:  # the plot beside the report that links it
+        plot_maps(fig, Path(args.out).parent / "ics_map.png")
     return (f"Command: `python -m engine bench --only ics{flags}`.\n\n" + to_markdown(fig)
             + "\n\n![mAP vs bits](ics_map.png)"), fig
 
 
 def _previous_tables(path: Path):
     """(markdown of the mAP / recall tables and plot of the last full ICS run in ``path``, its date or '')."""
-    import re
-
     try:
         text = path.read_text()
     except OSError:

@@ -1,6 +1,8 @@
 """Bench section ``indexing``: indexing throughput against the backbone's raw forward pass."""
 from __future__ import annotations
 
+import shutil
+import tempfile
 import time
 from pathlib import Path
 
@@ -10,13 +12,10 @@ from .base import SECTIONS
 @SECTIONS.register("indexing")
 def section_indexing(args, ctx):
     """Indexing throughput (decode + preprocess + embed + write) vs the raw forward pass on the same batch."""
-    import shutil
-    import tempfile
-
     import torch
 
-    from .index.pipeline import build_index
-    from .images import load_image
+    from ..images import load_image
+    from ..index.pipeline import build_index
 
     eng = ctx["engine"]
     b = eng.backbone

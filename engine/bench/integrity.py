@@ -1,6 +1,7 @@
 """Bench section ``integrity``: what verifying the checksums adds to loading an index folder."""
 from __future__ import annotations
 
+import tempfile
 import time
 from pathlib import Path
 
@@ -14,8 +15,6 @@ from .base import SECTIONS
 def section_integrity(args, ctx):
     """`python -m engine bench --only integrity`: what verifying the checksums adds to loading an index,
     on synthetic galleries of ``args.sizes`` items x ``args.dim`` float16 dims (vector index not built)."""
-    import tempfile
-
     rows, data = [], {}
     for n in args.sizes:
         with tempfile.TemporaryDirectory(dir=ctx.get("tmp")) as tmp:

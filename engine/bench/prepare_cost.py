@@ -53,7 +53,7 @@ def section_prepare_cost(args=None, ctx=None) -> tuple:
 
     n_pairs = len(load_pairs("captions", "train"))
     load = load_average()
-    rows = [measure_costs(a) for a in ("tiny-vit-a", "ViT-B-32", "ViT-L-14")]
+    rows = [measure_costs(a) for a in (getattr(args, "prepare_archs", None) or ("tiny-vit-a", "ViT-B-32", "ViT-L-14"))]
     md = [f"Load average at the start: {load}. CPU costs of `prepare`'s two main steps with random weights (the cost does not depend on them), "
           f"{rows[0]['threads']} threads, one run; estimate for Context-I2W on the offline caption set "
           f"({n_pairs:,} training pairs): extract every image once, then 10 epochs of the paper-size mapper "

@@ -13,7 +13,7 @@ from .base import SECTIONS, pct
 
 @SECTIONS.register("query")
 def section_query(args, ctx):
-    from .search import search
+    from ..search import search
 
     eng = ctx["engine"]
     rng = np.random.default_rng(0)
@@ -73,11 +73,11 @@ def section_memory(args, ctx):
 
 @SECTIONS.register("compare")
 def section_compare(args, ctx):
-    from .compare import bench_compare
+    from ..compare import bench_compare
 
     eng = ctx["engine"]
-    sec = bench_compare(eng, repeats=3)
-    from .compare import compare_plan
+    sec = bench_compare(eng, repeats=args.compare_repeats)
+    from ..compare import compare_plan
 
     cols = len(compare_plan(eng, lattqe=None))
     md = (f"Compare mode (one query through every available method: {', '.join(eng.composers)}, each also with "

@@ -3,24 +3,22 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+import tempfile
 import time
+import urllib.request
 from pathlib import Path
 
 from ..config import ROOT, Settings, child_environment
+from ..sysinfo import free_port
 from .base import SECTIONS
 
 
 @SECTIONS.register("startup")
 def section_startup(args, ctx):
     """Time until `python app.py` answers, and its resident memory then (index already built)."""
-    import socket
-    import subprocess
-    import sys
-    import urllib.request
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     env = child_environment(GRADIO_SERVER_PORT=str(port), GRADIO_SERVER_NAME="127.0.0.1")
     t = time.perf_counter()
     proc = subprocess.Popen([sys.executable, "app.py"], cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
@@ -51,9 +49,6 @@ def section_startup(args, ctx):
 @SECTIONS.register("info")
 def section_info(args, ctx):
     """`python -m engine info --bench`: info answered without loading models vs a bare `import torch`."""
-    import subprocess
-    import sys
-
     out = subprocess.run([sys.executable, "-m", "engine", "info", "--bench"], cwd=ROOT, capture_output=True, text=True)
     text = out.stdout.strip() or out.stderr.strip()[-2000:]
     return ("`python -m engine info` answers from the configuration without loading any model (`--load` loads the "
@@ -64,16 +59,16 @@ def section_info(args, ctx):
 
 @SECTIONS.register("loadtest")
 def section_loadtest(args, ctx):
-    """`python -m engine loadtest --clients 20 --duration 45` against a fresh `python app.py`: both routes."""
-    import subprocess
-    import sys
-    import tempfile
-
-    cmd = "python -m engine loadtest --clients 20 --duration 45"
+    """`python -m engine loadtest --clients N --duration S` (default 20 clients, 45 s) against a fresh
+    `python app.py`: both routes."""
+    options = ["--clients", str(args.loadtest_clients), "--duration", f"{args.loadtest_duration:g}"]
+    if args.loadtest_warmup != 60.0 or args.loadtest_compute_seconds != 8.0:  # the load test's own defaults
+        options += ["--warmup", f"{args.loadtest_warmup:g}", "--compute-seconds", f"{args.loadtest_compute_seconds:g}"]
+    cmd = "python -m engine loadtest " + " ".join(options)
     with tempfile.TemporaryDirectory() as tmp:
         summary_path = Path(tmp) / "loadtest.json"
-        out = subprocess.run([sys.executable, "-m", "engine", "loadtest", "--clients", "20", "--duration", "45",
-                              "--json", str(summary_path)], cwd=ROOT, capture_output=True, text=True)
+        out = subprocess.run([sys.executable, "-m", "engine", "loadtest", *options, "--json", str(summary_path)],
+                             cwd=ROOT, capture_output=True, text=True)
         summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
     text = out.stdout.strip() or out.stderr.strip()[-2000:]
     md = (f"Targets (issue #16), all from one run: at 20 clients p50 ≤ 1.0 s with 0 errors, `served/limit ratio` "

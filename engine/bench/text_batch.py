@@ -6,6 +6,8 @@ import time
 
 import torch
 
+from ..backbones import create_backbone
+from ..config import Settings
 from ..loadtest import TEXTS
 from ..sysinfo import load_average
 from .base import SECTIONS
@@ -19,22 +21,20 @@ def section_text_batch(args=None, ctx=None) -> tuple:
     if ctx and ctx.get("engine") is not None:
         backbone = ctx["engine"].backbone
     else:
-        from ..backbones import create_backbone
-        from ..config import Settings
-
         s = (ctx or {}).get("settings") or Settings()
         backbone = create_backbone(s.backbone, s.device, settings=s)
     encode = backbone.encode_texts
     encode = getattr(encode, "encode", encode)  # the unbatched encoder even where a batcher is installed
+    repeats = getattr(args, "text_repeats", 15)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     rows = []
     try:
-        for size in (1, 2, 4, 8, 16):
+        for size in getattr(args, "text_batches", None) or (1, 2, 4, 8, 16):
             texts = [TEXTS[i % len(TEXTS)] for i in range(size)]
             encode(texts)
             times = []
-            for _ in range(15):
+            for _ in range(repeats):
                 t = time.perf_counter()
                 encode(texts)
                 times.append(time.perf_counter() - t)
@@ -44,7 +44,7 @@ def section_text_batch(args=None, ctx=None) -> tuple:
         torch.set_num_threads(threads)
     load = load_average()
     one = rows[0][2]
-    md = [f"Text encoder of `{backbone.name}`, one thread, median of 15 forward passes per batch size (texts from "
+    md = [f"Text encoder of `{backbone.name}`, one thread, median of {repeats} forward passes per batch size (texts from "
           f"the load test's mix; load average {load}):", "", "| batch | ms per batch | ms per text | speed-up per text |",
           "|---|---|---|---|"]
     md += [f"| {b} | {ms:.2f} | {per:.2f} | {one / per:.1f}x |" for b, ms, per in rows]

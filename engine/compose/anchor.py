@@ -30,11 +30,17 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
+from pathlib import Path
 from typing import Dict, Iterable, List, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
+from safetensors import safe_open
+
+from ..errors import CheckpointError
+from .baselines import WeightedSum
+from .router import Router
 
 PREFIX = "anchor."
 STEP_TOLERANCE = 1e-4
@@ -234,12 +240,6 @@ def load_anchor(path, record: dict) -> Optional[Anchor]:
     CheckpointError naming the file when it is there but cannot be read."""
     if not isinstance(record.get("anchor"), dict):
         return None
-    from pathlib import Path
-
-    from safetensors import safe_open
-
-    from ..errors import CheckpointError
-
     try:
         with safe_open(str(path), framework="pt") as f:
             keys = set(f.keys())
@@ -253,8 +253,6 @@ def load_anchor(path, record: dict) -> Optional[Anchor]:
             raise ValueError("anchor_vocab is not a list of words")
         router = None
         if {"route_w", "route_b", "route_trust"} <= set(route):
-            from .router import Router
-
             router = Router(route["route_w"], route["route_b"], record.get("anchor_routes") or [], route["route_trust"],
                             route.get("route_alpha"))
         return Anchor(AnchorConfig.from_dict(record["anchor"]), text, image, ops, vocab, router)
@@ -280,10 +278,6 @@ def kmeans_prototypes(x: torch.Tensor, k: int = 64, iters: int = 25, seed: int =
 def prior_only(composer, query, why: str):
     """The composition a learned composer returns when it has nothing to correct (the image or the text is
     missing): the weighted sum at the anchor's text weight (0.5 without an anchor), saying so."""
-    from dataclasses import replace
-
-    from .baselines import WeightedSum
-
     anchor = getattr(composer, "anchor", None)
     q = replace(query, alpha=anchor.config.alpha if anchor is not None else 0.5)
     comp = WeightedSum(composer.backbone).compose(q)

@@ -13,10 +13,15 @@ without a text has no operation to route and is composed by the weighted sum.
 from __future__ import annotations
 
 from typing import Dict, List, Sequence
+from zlib import crc32
 
 import numpy as np
 
+from ..defaults import engine_defaults
+from ..labels import method_label
+from .anchor import composable
 from .base import COMPOSERS, Composer, ComposerUnavailable, Composition, Query
+from .rtic import load_rtic_composer
 
 # the methods a route may name (those that compose a text with an image and take a text alone)
 MEMBERS = ("text", "sum", "rtic", "rtic+gcn", "context-i2w")
@@ -52,8 +57,6 @@ class AutoComposer(Composer):
 
 
     def compose_many(self, queries: List[Query]) -> List[Composition]:
-        from .anchor import composable
-
         if not composable(queries):
             return super().compose_many(queries)
         t = self.backbone.encode_texts([q.text for q in queries]).embeddings.float().cpu()
@@ -123,8 +126,6 @@ def cross_fitted_score(ranks: Dict[str, np.ndarray], classes: Sequence[str], kin
     """The overall score of routes chosen on one half of the queries (split by ``groups``, e.g. the reference
     photo, so no photo is on both sides) and applied to the other, both ways: an honest figure to compare the
     automatic method with single methods chosen on the same queries."""
-    from zlib import crc32
-
     groups = list(groups)
     fold = np.array([crc32(str(g).encode()) % 2 for g in groups])
     classes = np.asarray(list(classes))
@@ -150,8 +151,6 @@ def router_of(members: Dict[str, Composer]):
 
 def load_members(backbone, checkpoint_dir, names: Sequence[str]) -> Dict[str, Composer]:
     """{name: composer} of the routed ``names`` (the RTIC+GCN checkpoint is a variant of ``rtic``)."""
-    from .rtic import load_rtic_composer
-
     out: Dict[str, Composer] = {}
     for n in names:
         out[n] = (load_rtic_composer(backbone, checkpoint_dir, variant="rtic+gcn") if n == "rtic+gcn"
@@ -162,8 +161,6 @@ def load_members(backbone, checkpoint_dir, names: Sequence[str]) -> Dict[str, Co
 def load_auto(backbone, checkpoint_dir=None) -> AutoComposer:
     """The automatic method for ``backbone``: the route table of its defaults record and the routed methods;
     ComposerUnavailable (one sentence) without a record that has routes."""
-    from ..defaults import engine_defaults
-
     d = engine_defaults(backbone, checkpoint_dir=checkpoint_dir)
     routes = d.evidence.get("routes") if isinstance(d.evidence.get("routes"), dict) else None
     if not routes or not all(isinstance(v, str) and v in MEMBERS for v in routes.values()):
@@ -182,8 +179,6 @@ COMPOSERS.register("auto")(lambda backbone, checkpoint_dir=None: load_auto(backb
 
 def says(auto: dict) -> str:
     """One plain sentence for the page: which change was read from the words and which method composed it."""
-    from ..labels import method_label
-
     return (f"Change read from your words: {operation_words(auto['operation'])} "
             f"({float(auto.get('probability', 0)):.0%} sure); composed by {method_label(auto['method'])}.")
 

@@ -9,6 +9,7 @@ import numpy as np
 import torch
 
 from ..backbones.base import Backbone
+from ..errors import InputError
 from ..registry import Registry
 
 
@@ -59,8 +60,6 @@ class Composer(ABC):
         return [self.compose(q) for q in queries]
 
     def check(self, query: Query) -> None:
-        from ..errors import InputError
-
         if self.needs_image and not query.has_image:
             raise InputError(f"{self.label} needs a reference image")
         if self.needs_text and not (query.text and query.text.strip()):
@@ -71,8 +70,6 @@ def normalise(v: torch.Tensor) -> np.ndarray:
     v = v.detach().float().reshape(-1)
     n = v.norm()
     if not torch.isfinite(n) or n.item() == 0:
-        from ..errors import InputError
-
         raise InputError("the composed query is empty (all zeros); give an image or a text")
     return (v / n).cpu().numpy().astype(np.float32)
 

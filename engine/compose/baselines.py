@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import torch
 
+from ..errors import InputError
 from .base import COMPOSERS, Composer, Composition, Query, normalise
 
 
@@ -32,8 +33,6 @@ class WeightedSum(Composer):
     name, label, uses_alpha = "sum", "Image + text (weighted sum)", True
 
     def compose(self, query: Query) -> Composition:
-        from ..errors import InputError
-
         a = float(query.alpha)
         if not 0.0 <= a <= 1.0:
             raise InputError(f"alpha must be in [0, 1], got {a}")

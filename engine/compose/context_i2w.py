@@ -45,10 +45,11 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ..checkpoints import figures_of, find, load, make_record, part, write
+from ..config import Settings
 from ..errors import CheckpointError, InputError
-from .anchor import Anchor, load_anchor, operation_text, split_state
+from .anchor import Anchor, blend_many, composable, load_anchor, operation_text, prior_only, split_state
 from .base import COMPOSERS, Composer, ComposerUnavailable, Composition, Query, normalise
-from ..checkpoints import figures_of, find, load, make_record, write
 
 TEMPLATE_MARK = "*"  # where S* goes in a written template; the prompt holds the placeholder token there
 DEFAULT_TEMPLATE = "a photo of * , {text}"
@@ -505,16 +506,7 @@ class ContextI2WComposer(Composer):
         self.anchor = anchor
 
     @torch.no_grad()
-    def pseudo_word(self, tokens: torch.Tensor, prompt: str) -> torch.Tensor:
-        """S* (token_dim,) for visual tokens (1+P, W) in the context of ``prompt``."""
-        ctx = self.backbone.encode_texts([prompt]).embeddings.float()
-        tok = tokens.to(self.backbone.device).float().unsqueeze(0)
-        return self.mapper(ctx.to(self.backbone.device), tok)[0]
-
-    @torch.no_grad()
     def compose(self, query: Query) -> Composition:
-        from .anchor import prior_only
-
         if not (query.has_image and query.text and query.text.strip()):
             return prior_only(self, query, "Context-I2W puts the image into a text")
         if query.image_tokens is None:
@@ -544,8 +536,6 @@ class ContextI2WComposer(Composer):
 
     @torch.no_grad()
     def compose_many(self, queries: List[Query], batch: int = 64) -> List[Composition]:
-        from .anchor import blend_many, composable
-
         if not composable(queries) or any(q.image_tokens is None for q in queries):
             return super().compose_many(queries)
         out: List[Composition] = []
@@ -568,14 +558,11 @@ class ContextI2WComposer(Composer):
 def load_context_i2w_composer(backbone, checkpoint_dir=None) -> ContextI2WComposer:
     """The composer for ``backbone`` from the best checkpoint on the search path (engine.checkpoints.find)."""
     if checkpoint_dir is None:
-        from ..config import Settings
-
         checkpoint_dir = Settings().checkpoints
     found = find("context-i2w", backbone.fingerprint, checkpoint_dir)
     if not found:
         raise ComposerUnavailable(
-            f"no Context-I2W checkpoint for {backbone.name} in {checkpoint_dir}; train one with "
-            f"python -m engine train context-i2w --data captions")
+            f"no Context-I2W checkpoint for {backbone.name} in {checkpoint_dir}; {part('context-i2w').train_hint()}")
     path = found[0][0]
     mapper, record = load_context_i2w(path, backbone.fingerprint)
     anchor = load_anchor(path, record)  # CheckpointError naming the file when unreadable

@@ -34,9 +34,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..checkpoints import figures_of, find, load, make_record, write
+from ..checkpoints import figures_of, find, load, make_record, part, write
+from ..config import Settings
 from ..errors import CheckpointError
-from .anchor import Anchor, load_anchor, operation_text, split_state
+from .anchor import Anchor, blend_many, composable, load_anchor, operation_text, prior_only, split_state
 from .base import COMPOSERS, Composer, ComposerUnavailable, Composition, Query, normalise
 
 LEGACY_NEGATIVE_SLOPE = 0.2  # the slope of checkpoints whose config does not record one
@@ -246,8 +247,6 @@ class RTICComposer(Composer):
 
     @torch.no_grad()
     def compose(self, query: Query) -> Composition:
-        from .anchor import prior_only
-
         if not (query.has_image and query.text and query.text.strip()):
             return prior_only(self, query, "RTIC corrects a composition of an image and a text")
         enc = self.backbone.encode_texts([query.text])
@@ -275,8 +274,6 @@ class RTICComposer(Composer):
 
     @torch.no_grad()
     def compose_many(self, queries: List[Query], batch: int = 256) -> List[Composition]:
-        from .anchor import blend_many, composable
-
         if not composable(queries):
             return super().compose_many(queries)
         out: List[Composition] = []
@@ -299,14 +296,11 @@ def load_rtic_composer(backbone, checkpoint_dir=None, variant: Optional[str] = N
     there is one (never chosen by test-split numbers), else the GCN-trained one.
     """
     if checkpoint_dir is None:
-        from ..config import Settings
-
         checkpoint_dir = Settings().checkpoints
     found = find_rtic(backbone.fingerprint, checkpoint_dir, variant)
     if not found:
         raise ComposerUnavailable(
-            f"no RTIC checkpoint for {backbone.name} in {checkpoint_dir}; train one with "
-            f"python -m engine train rtic --data cir"
+            f"no RTIC checkpoint for {backbone.name} in {checkpoint_dir}; {part('rtic').train_hint()}"
         )
     path, _ = found[0]  # the layer's tie rule: search path, plain RTIC first, name
     model, record = load_rtic(path, backbone.fingerprint)

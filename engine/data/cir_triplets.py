@@ -23,14 +23,19 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import random
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 import torch
 
+from ..config import cache_dir as default_cache
 from ..errors import InputError
+from ..fileio import atomic_path
+from . import formats
 from .formats import iter_jsonl
+from .heldout import held_out_cir_images, keep_row
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp")
 
@@ -262,7 +267,6 @@ def capped_targets(t: Triplet, max_targets: Optional[int]) -> List[str]:
     """At most ``max_targets`` of a query's targets, a fixed (query-seeded) random choice, order kept."""
     if not max_targets or len(t.targets) <= max_targets:
         return list(t.targets)
-    import random
 
     keep = sorted(random.Random(f"{t.query_id}|{t.reference}|{t.text}").sample(range(len(t.targets)), max_targets))
     return [t.targets[i] for i in keep]
@@ -352,8 +356,6 @@ def embed_triplets(
         raise InputError("no triplets to embed (empty split, or every image is missing)")
     paths, texts, arrays = index_triplets(triplets, gallery, max_targets)
     if cache_dir is None:
-        from ..config import cache_dir as default_cache
-
         cache_dir = default_cache() / "features" / "rtic"
     cache = Path(cache_dir) / f"{_cache_key(backbone.fingerprint, paths + ['|'] + texts)}.safetensors"
     tables = None
@@ -364,7 +366,6 @@ def embed_triplets(
             tables = None
     if tables is None:
         tables = {"images": embed_images(backbone, paths, progress=progress), "texts": embed_texts(backbone, texts, progress=progress)}
-        from ..fileio import atomic_path
 
         with atomic_path(cache) as tmp:
             save_file({k: v.contiguous() for k, v in tables.items()}, str(tmp),
@@ -382,10 +383,6 @@ def load_offline_cir(split: str = "train", report: Optional[LoadReport] = None,
     Records carry ``reference``, ``text`` (or ``caption``/``modification``) and ``target`` or ``targets``,
     image paths relative to ``formats.image_root("cir")``; other fields are kept in ``meta``.
     """
-    from . import formats
-
-    from .heldout import keep_row
-
     report = report if report is not None else LoadReport()
     held = _held_out_images(hold_out)
     out: List[Triplet] = []
@@ -410,16 +407,12 @@ def load_offline_cir(split: str = "train", report: Optional[LoadReport] = None,
 
 
 def _held_out_images(hold_out: bool) -> frozenset:
-    from .heldout import held_out_cir_images
-
     return held_out_cir_images() if hold_out else frozenset()
 
 
 def load_offline_gallery(split: str = "test", hold_out: bool = False) -> List[Tuple[str, str]]:
     """(image path, gallery kind) of every image in a split's gallery of the offline ``cir`` set
     (``hold_out``: without the held-out sources' images)."""
-    from . import formats
-
     held = _held_out_images(hold_out)
     out = []
     for rec in formats.load_split("cir", f"{split}_gallery"):

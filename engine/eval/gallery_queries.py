@@ -16,7 +16,7 @@ import json
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from ..config import ROOT, Settings
+from ..config import ROOT, Settings, cache_dir
 
 QUERIES = ROOT / "assets" / "gallery" / "queries.json"
 TOP = 5
@@ -34,7 +34,6 @@ def load_queries(path: Path = QUERIES) -> List[dict]:
 
 def gallery_engine(backbone, settings: Settings):
     """The bundled gallery's index (seeded from the prebuilt embeddings when they match) and its engine."""
-    from ..config import cache_dir
     from ..index.build import index_source
     from ..prebuilt import seed_index
     from ..search import open_engine

@@ -31,7 +31,16 @@ from typing import Dict, List, Optional, Sequence
 import numpy as np
 import torch
 
+from ..checkpoints import PARTS
 from ..config import Settings
+from ..data.formats import image_path, load_split
+from ..data.heldout import is_held_out, words
+from ..data.rules import unit_hash
+from ..data.tone import edited_file
+from ..data.vocabulary import training_texts, training_vocabulary
+from ..defaults import engine_defaults, gallery_nqe, write_defaults
+from .generalise_open import open_queries
+from .hubness import hubness
 
 SIDES = ("val", "test")
 SEED = 0
@@ -85,10 +94,6 @@ class Suite:
 
 def held_out_photos(seed: int = SEED) -> List[dict]:
     """[{image (Path), name, group, source, side}] of every held-out photo, with its suite side."""
-    from ..data.builders.common import unit_hash
-    from ..data.formats import image_path, load_split
-    from ..data.heldout import is_held_out, training_vocabulary, words
-
     vocab = training_vocabulary()
     out = []
     for split in ("train", "val", "test"):
@@ -111,10 +116,6 @@ SUITE_SETS = ("captions", "cir")
 
 def build_suite(side: str, seed: int = SEED, edit_root=None) -> Suite:
     """The ``side`` half of the suite (edited versions written once under the cache, like the tone edits)."""
-    from ..data.heldout import training_texts
-    from ..data.tone import edited_file
-    from .generalise_open import open_queries
-
     from ..data.builders import ensure_built
 
     if side not in SIDES:
@@ -223,8 +224,7 @@ def rank_suite(qvecs: np.ndarray, suite: Suite, gallery, gemb, pos, expander=Non
                fraction: float = 1.0, floor: float = -1.0) -> np.ndarray:
     """1-based best target rank of every query (reference left out); with ``expander``, re-ranked after
     expanding from the first ``gallery_nqe(nqe, gallery size)`` results of the query's own gallery."""
-    from ..defaults import gallery_nqe
-    from .offline import rank_queries
+    from .cir import rank_queries
 
     ranks = np.zeros(len(suite.queries), np.int64)
     for g, members in suite.galleries.items():
@@ -241,7 +241,7 @@ def rank_suite(qvecs: np.ndarray, suite: Suite, gallery, gemb, pos, expander=Non
 def evaluate(backbone, settings: Settings, side: str, composers: Optional[dict] = None, expanders: bool = True,
              defaults: Optional[dict] = None) -> dict:
     """Every composer (and, with ``expanders``, every expander at the page defaults) on one side."""
-    from .offline import cir_composers, compose_queries
+    from .cir import cir_composers, compose_queries
 
     suite = build_suite(side)
     gallery, gemb, pos, ref_emb, ref_paths = suite_tensors(backbone, suite)
@@ -255,8 +255,6 @@ def evaluate(backbone, settings: Settings, side: str, composers: Optional[dict] 
         plain[name] = rank_suite(vecs, suite, gallery, gemb, pos)
         results[(name, "none")] = summarise(plain[name], kinds)
     if expanders:
-        from ..defaults import engine_defaults
-
         d = defaults or engine_defaults(backbone, settings)
         for ex_name, ex in _expanders(backbone, settings).items():
             for name, vecs in qv.items():
@@ -286,8 +284,6 @@ USED = 0.25  # a learned correction counts as used on a query when its share tau
 
 def suite_hubness(qv: dict, suite: Suite, gemb: np.ndarray, pos: dict, k: int = 10) -> dict:
     """{method: {gallery: hubness of its top k}} (engine.eval.hubness), the reference left out."""
-    from .hubness import hubness
-
     out: dict = {}
     for g, members in suite.galleries.items():
         sel = [i for i, q in enumerate(suite.queries) if q["gallery"] == g]
@@ -302,7 +298,7 @@ def suite_hubness(qv: dict, suite: Suite, gemb: np.ndarray, pos: dict, k: int = 
 
 
 def _expanders(backbone, settings: Settings) -> dict:
-    from .offline import available_expanders
+    from .cir import available_expanders
 
     return available_expanders(backbone, settings)
 
@@ -343,8 +339,6 @@ def choose(backbone, settings: Settings, ev: dict, expander_grid: bool = True) -
     if auto:
         chosen.update(routes=auto["routes"], auto_val_cross_fitted=round(auto["cross_fitted"], 2))
     if not expander_grid:
-        from ..defaults import engine_defaults
-
         kept = engine_defaults(backbone, settings)
         # how many validation queries of the chosen method each expander moves at the kept values (the page
         # offers only those that move some): the chosen method's vectors only, so this stays a matter of minutes
@@ -401,8 +395,6 @@ def choose_defaults(backbone, settings: Settings, out: Optional[Path] = None, ex
     """Evaluates the validation side, chooses (:func:`choose`) and writes the defaults record for ``backbone``
     into ``out`` (default: assets/checkpoints). Returns (evaluation, choice, record path). Used by
     ``--choose`` and by ``engine prepare`` after it trained a composer for a new backbone."""
-    from ..defaults import write_defaults
-
     ev = evaluate(backbone, settings, "val", expanders=False)
     chosen = choose(backbone, settings, ev, expander_grid)
     command = "python -m engine eval generalise --side val --choose" + ("" if expander_grid else " --method-only")
@@ -411,10 +403,9 @@ def choose_defaults(backbone, settings: Settings, out: Optional[Path] = None, ex
 
 
 def _takes_text_alone(ev: dict, name: str) -> bool:
-    return name in ("text", "sum") or name in _TEXT_CAPABLE
-
-
-_TEXT_CAPABLE = {"rtic", "rtic+gcn", "context-i2w", "auto"}  # fall back to their prior without an image
+    """The baselines that read the text, the automatic method (the sum without an image), and the learned
+    composers that fall back to their prior without an image (their spec: engine.checkpoints.PARTS[name].text_alone)."""
+    return name in ("text", "sum", "auto") or (name in PARTS and PARTS[name].text_alone)
 
 
 # -- report ------------------------------------------------------------------------------------------------------

@@ -21,6 +21,11 @@ from typing import Callable, Dict, List
 
 import numpy as np
 
+from ..data import open_vocab as ov
+from ..data.vocabulary import training_texts
+from ..data.open_vocab import render, templates
+from ..data.tone import LIGHT_EDITS, edited_file
+
 OPEN_KINDS = ("compositional", "colour-new", "light", "undo", "rephrased")
 OLD_EDITS = ("bw", "night", "sepia", "tint-red", "tint-green", "tint-blue")
 GALLERY = "open"
@@ -32,9 +37,6 @@ def _family_edit(edit: str) -> str:
 
 def _phrase(templates: List[dict], i: int, **slots) -> str:
     """The ``i``-th template (cyclically) filled in; one that reads like a training text is passed over."""
-    from ..data.heldout import training_texts
-    from ..data.open_vocab import render
-
     seen = training_texts()
     for k in range(len(templates)):
         text = render(templates[(i + k) % len(templates)]["template"], **slots)
@@ -44,8 +46,6 @@ def _phrase(templates: List[dict], i: int, **slots) -> str:
 
 
 def _edit_text(family: str, side: str, edit: str, i: int) -> str:
-    from ..data.open_vocab import templates
-
     fam_edit = _family_edit(edit)
     slots = {"c": edit.split("-", 1)[1]} if fam_edit == "tint" else {}
     return _phrase(templates(family, side, fam_edit), i, **slots)
@@ -55,8 +55,6 @@ def open_queries(side: str, photos: List[dict], add: Callable[[str, Path], str],
                  seed: int = 0) -> List[dict]:
     """The open kinds' queries of one side; ``add(gallery, path)`` puts a picture into a gallery and returns
     its item id; edited pictures are written once under the cache (``edit_root``: elsewhere)."""
-    from ..data.tone import LIGHT_EDITS, edited_file
-
     rng = np.random.default_rng([seed, 7, 0 if side == "val" else 1])
     edited: Dict[tuple, str] = {}
 
@@ -91,7 +89,6 @@ def open_queries(side: str, photos: List[dict], add: Callable[[str, Path], str],
 def _colour_queries(side: str, photos: List[dict], add, rng, edit_root) -> List[dict]:
     from PIL import Image
 
-    from ..data import open_vocab as ov
     from ..data import recolour
 
     names = ov.of_split(ov.colour_splits(), side)
@@ -118,9 +115,6 @@ def _colour_queries(side: str, photos: List[dict], add, rng, edit_root) -> List[
 
 def _compositional_queries(side: str, photos: List[dict], version, rng) -> List[dict]:
     """Keep the named thing and change its look; change the thing and keep the look."""
-    from ..data import open_vocab as ov
-    from ..data.tone import LIGHT_EDITS
-
     edits = ("bw", "night", "sepia", *LIGHT_EDITS)
     by_name: Dict[str, List[dict]] = {}
     for p in photos:

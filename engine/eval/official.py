@@ -29,6 +29,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from ..config import cache_dir
 from ..data.cir_official import (
     CIRR_VERSION,
     FASHIONIQ_CATEGORIES,
@@ -41,6 +42,7 @@ from ..data.cir_official import (
     load_fashioniq,
 )
 from ..errors import InputError
+from ..fileio import atomic_save_npy
 from . import metrics as M
 from .record import atomic_write_json, file_hash, write_run_record
 
@@ -122,8 +124,6 @@ def embed_gallery(
                 pass  # damaged cache: embed again and overwrite
     emb = _embed_paths(paths, embed_images_fn, batch_size, f"embed {dataset.name}")
     if cache_file is not None:
-        from ..fileio import atomic_save_npy
-
         atomic_save_npy(cache_file, emb)
     return ids, emb
 
@@ -445,8 +445,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _default_cache_dir() -> Path:
-    from ..config import cache_dir
-
     return cache_dir() / "eval"
 
 

@@ -13,18 +13,22 @@ from __future__ import annotations
 import argparse
 import time
 from pathlib import Path
-from typing import Dict, List, Optional
 
 import numpy as np
 import torch
 
+from ..backbones import create_backbone
+from ..backbones.openclip import DEFAULT_ARCH, DEFAULT_TAG, pretrained_cached
 from ..config import ROOT, Settings
+from ..defaults import engine_defaults
+from ..fileio import atomic_write_text
+from ..index.vectors import create_vector_index
 from ..registry import Registry
 from ..reports import merge_sections
 from . import concepts, edits, expansion, gallery_queries, generalise
-from .metrics import first_hit_ranks, recall_from_ranks
+from .cir import KS, available_expanders, cir_composers, cir_tensors, compose_queries, rank_queries, recall
+from .record import write_run_record
 
-KS = (1, 5, 10, 50)
 # the sections after the composed-retrieval tables: name -> function(args, ctx) -> (markdown, data)
 OFFLINE_SECTIONS = Registry("offline section")
 OFFLINE_SECTIONS.register("query-expansion")(expansion.offline_section)
@@ -34,142 +38,10 @@ OFFLINE_SECTIONS.register("edits-seen")(edits.offline_section)
 OFFLINE_SECTIONS.register("gallery-queries")(gallery_queries.offline_section)
 
 
-def cir_tensors(backbone, split: str = "test"):
-    """Queries, gallery records, gallery embeddings and reference features of the offline CIR set."""
-    from ..data.features import embed_paths
-    from ..data.builders import ensure_built
-    from ..data.formats import image_path, load_split
-
-    ensure_built("cir")  # the explicit build step (quick when built)
-    queries = load_split("cir", split)
-    gallery = load_split("cir", f"{split}_gallery")
-    gemb = embed_paths(backbone, [image_path("cir", g["image"]) for g in gallery], desc=f"cir {split} gallery")
-    pos = {g["image"]: i for i, g in enumerate(gallery)}
-    return queries, gallery, gemb, pos
-
-
-def reference_tokens(backbone, paths: List[Path], batch: int = 32) -> torch.Tensor:
-    from ..images import load_image
-
-    out = []
-    with torch.no_grad():
-        for i in range(0, len(paths), batch):
-            x = torch.stack([backbone.preprocess(load_image(p)) for p in paths[i : i + batch]])
-            out.append(backbone.encode_images_with_tokens(x)[1].cpu())
-    return torch.cat(out)
-
-
-def cir_composers(backbone, settings: Settings):
-    """({name: composer} for every registered composer that loads for ``backbone`` plus the extra checkpoint
-    variants, {name: why not} for the others)."""
-    from ..compose import COMPOSERS, ComposerUnavailable
-
-    composers, skipped = {}, {}
-    for name in COMPOSERS:
-        try:
-            composers[name] = COMPOSERS.get(name)(backbone, checkpoint_dir=settings.checkpoints)
-        except ComposerUnavailable as exc:
-            skipped[name] = str(exc)
-    composers.update(_variants(backbone, settings))
-    return composers, skipped
-
-
-def compose_queries(backbone, composers: dict, queries, ref_emb: torch.Tensor,
-                    timings: Optional[dict] = None, ref_paths: Optional[List[Path]] = None,
-                    trusts: Optional[dict] = None) -> Dict[str, np.ndarray]:
-    """{composer name: query vectors (Q, D)} for the CIR ``queries`` (alpha 0.5), the reference embeddings
-    ``ref_emb`` (Q, D) given; visual tokens are computed only when a composer needs them (Context-I2W), from
-    ``ref_paths`` (default: the queries' references in the offline CIR set).
-    ``timings``: filled with each composer's ms per query (the token extraction not counted); ``trusts``: filled
-    with each anchored composer's share of the learned correction per query (its explanation's ``trust``)."""
-    from ..compose import Query
-    from ..data.formats import image_path
-
-    tokens = None
-    if any(getattr(c, "name", "") == "context-i2w" for c in composers.values()):
-        if ref_paths is None:
-            ref_paths = [image_path("cir", q["reference"]) for q in queries]
-        unique = sorted({str(p) for p in ref_paths})  # each reference's tokens once, however many queries use it
-        row = {p: i for i, p in enumerate(unique)}
-        tokens = reference_tokens(backbone, [Path(p) for p in unique])[[row[str(p)] for p in ref_paths]]
-    out = {}
-    with torch.no_grad():
-        for name, comp in composers.items():
-            t = time.perf_counter()
-            done = comp.compose_many([Query(text=q["text"], image_embedding=ref_emb[i], has_image=True, alpha=0.5,
-                                            image_tokens=None if tokens is None else tokens[i])
-                                      for i, q in enumerate(queries)])
-            out[name] = np.stack([c.vector for c in done])
-            if trusts is not None and any("trust" in c.explanation for c in done):  # (a routed method's may not be first)
-                trusts[name] = np.array([float(c.explanation.get("trust", 0.0)) for c in done])
-            if timings is not None:
-                timings[name] = (time.perf_counter() - t) / len(queries) * 1e3
-    return out
-
-
-def rank_queries(qvecs: np.ndarray, queries, gallery, gemb, pos, expanders: Optional[dict] = None,
-                 nqe=8, restrict: Optional[np.ndarray] = None, floor=None) -> Dict[str, np.ndarray]:
-    """{expander name: best target rank per query (1-based)}; 'none' is the plain ranking.
-
-    ``nqe``: the neighbours each expander averages, an int or ``nqe(expander name, candidates) -> int`` (the
-    page defaults: ``EngineDefaults.gallery_nqe``); ``floor(expander name) -> float``: only neighbours at least
-    that close to the query are averaged in, none that close keeps the query (``EngineDefaults.floor_for``).
-
-    ``restrict`` (Q, R) gallery ids: only these candidates can be returned (a compact index's
-    Hamming short-list); the others rank last."""
-    groups = np.array([g["gallery"] for g in gallery])
-    ranks = {name: np.zeros(len(queries), np.int64) for name in ["none", *(expanders or {})]}
-    for qi, q in enumerate(queries):
-        cand = np.flatnonzero(groups == q["gallery"])
-        cand = cand[cand != pos[q["reference"]]]
-        targets = {pos[t] for t in q["targets"]}
-        vecs = gemb[cand]
-        first = vecs @ qvecs[qi]
-        if restrict is not None:
-            first = np.where(np.isin(cand, restrict[qi]), first, -np.inf)
-        for name in ranks:
-            s = first
-            if name != "none":
-                k = nqe(name, len(cand)) if callable(nqe) else nqe
-                order = np.argsort(-first, kind="stable")[:k]
-                if floor is not None:
-                    order = order[first[order] >= floor(name)]
-                if len(order):
-                    s = vecs @ expanders[name].expand(qvecs[qi], vecs[order], first[order]).vector
-            r = first_hit_ranks(s[None], np.isin(cand, list(targets))[None])[0]
-            ranks[name][qi] = int(r) + 1 if np.isfinite(r) else len(cand) + 1
-    return ranks
-
-
-def recall(ranks: np.ndarray, ks=KS) -> Dict[str, float]:
-    """R@K (percent) from 1-based ranks, by the evaluation core (engine.eval.metrics)."""
-    return recall_from_ranks(np.asarray(ranks) - 1, ks)
-
-
-def available_expanders(backbone, settings: Settings, skipped: Optional[dict] = None) -> dict:
-    """{name: expander} of every registered expander (but "none") available for ``backbone``; the others'
-    reasons go into ``skipped`` as "expander NAME"."""
-    from ..expand import EXPANDERS, ExpanderUnavailable
-
-    out = {}
-    for name in EXPANDERS:
-        if name == "none":
-            continue
-        try:
-            out[name] = EXPANDERS.get(name)(embed_dim=backbone.embed_dim, checkpoint_dir=settings.checkpoints,
-                                            fingerprint=backbone.fingerprint)
-        except ExpanderUnavailable as exc:
-            if skipped is not None:
-                skipped[f"expander {name}"] = str(exc)
-    return out
-
-
 def evaluate_cir(backbone, settings: Settings, split: str = "test", nqe: int = 0, ics_type: str = "ics-64",
                  ics_rerank: int = 64):
     """Recall@K of every available composer, with and without each expander (``nqe`` 0: each expander at
     the page defaults for its gallery, engine.defaults)."""
-    from ..defaults import engine_defaults
-
     nqe_note, floor = f"nQE = {nqe} for every expander, no floor", None
     if not nqe:
         d = engine_defaults(backbone, settings)
@@ -184,8 +56,6 @@ def evaluate_cir(backbone, settings: Settings, split: str = "test", nqe: int = 0
     expanders = available_expanders(backbone, settings, skipped)
     ics = None
     try:
-        from ..index.vectors import create_vector_index
-
         ics = create_vector_index(ics_type, backbone.embed_dim, len(gemb), checkpoint_dir=settings.checkpoints,
                                   fingerprint=backbone.fingerprint, rerank=ics_rerank)
         ics.build(gemb)
@@ -207,19 +77,6 @@ def evaluate_cir(backbone, settings: Settings, split: str = "test", nqe: int = 0
                                    "ranks": r}
     return {"results": results, "skipped": skipped, "kinds": kinds, "n_queries": len(queries),
             "n_gallery": len(gallery), "compose_ms": timings, "queries": queries, "gemb": gemb, "nqe_note": nqe_note}
-
-
-def _variants(backbone, settings):
-    """Extra checkpoints of registered composers to evaluate side by side (e.g. RTIC trained with GCN)."""
-    from ..compose import ComposerUnavailable
-    from ..compose.rtic import load_rtic_composer
-
-    out = {}
-    try:
-        out["rtic+gcn"] = load_rtic_composer(backbone, settings.checkpoints, variant="rtic+gcn")
-    except ComposerUnavailable:
-        pass
-    return out
 
 
 def recall_curve_png(results, path: Path, expander: str = "none"):
@@ -298,13 +155,11 @@ def main(argv=None) -> int:
     unknown = [s for s in sections if s != "cir" and s not in OFFLINE_SECTIONS]
     if unknown:
         p.error(f"unknown section {', '.join(unknown)}; choose from cir, {', '.join(OFFLINE_SECTIONS)}")
-    from ..backbones import create_backbone
 
     t0 = time.time()
     settings = Settings()
     backbone = create_backbone(args.backbone, args.device)
     backbones = [backbone]
-    from ..backbones.openclip import pretrained_cached, DEFAULT_ARCH, DEFAULT_TAG
 
     try:
         if args.backbone == "packaged" and pretrained_cached(DEFAULT_ARCH, DEFAULT_TAG):
@@ -348,14 +203,11 @@ def main(argv=None) -> int:
     text = "\n\n".join(parts) + "\n"
     if out.exists() and args.only:  # re-measured sections only: keep the others as they are
         text = merge_sections(out.read_text(), parts[1:])
-    from ..fileio import atomic_write_text
 
     out.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out, text)
     print(f"[eval] wrote {out} in {(time.time() - t0) / 60:.1f} min")
     if args.record:
-        from .record import write_run_record
-
         write_run_record(args.record, method="offline-suite", backbone_fingerprint=backbone.fingerprint,
                          checkpoint_hash="", template="", protocol_flags={"nqe": args.nqe}, metrics=record)
     return 0

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any, Dict, Iterable, Optional, Union
 
 from ..errors import InputError
+from ..fileio import atomic_write_json as write
 
 RECORD_VERSION = 1
 _REPO_ROOT = Path(__file__).resolve().parent.parent.parent
@@ -92,8 +93,6 @@ def _jsonable(value: Any) -> Any:
 
 def atomic_write_json(path: Union[str, os.PathLike], data: Any) -> Path:
     """Write JSON atomically (no NaN: strict JSON for other tools)."""
-    from ..fileio import atomic_write_json as write
-
     return write(path, _jsonable(data), indent=2, sort_keys=False, allow_nan=False)
 
 

@@ -26,6 +26,7 @@ from typing import Callable, Dict, Iterable, Iterator, List, Optional, Sequence
 import numpy as np
 import torch
 
+from ..config import Settings
 from ..errors import EngineError, InputError
 from .metrics import average_precisions, first_hit_ranks, recall_from_ranks
 
@@ -306,7 +307,6 @@ def main(argv=None) -> int:
     p.add_argument("--checkpoints", default=None, help="checkpoint folder (default: the settings')")
     p.add_argument("--json", action="store_true", help="print the results as JSON")
     args = p.parse_args(argv)
-    from ..config import Settings
     from ..search import open_engine
 
     try:

@@ -16,6 +16,7 @@ from tqdm.auto import tqdm
 from ..errors import InputError
 from .base import l2n
 from .baselines import BASELINES, DEFAULT_ALPHA, expand_batch
+from .lattqe import expand_numpy, gallery_side
 
 DBA_METHODS = BASELINES + ("lattqe",)
 
@@ -67,8 +68,6 @@ def dba_vectors(embeddings: np.ndarray, method: str, k: int, alpha: float = DEFA
         ids_self = np.arange(s, min(s + batch, len(x)))
         sims, ids = knn(x[ids_self], x, k, self_ids=ids_self)
         if method == "lattqe":
-            from .lattqe import expand_numpy, gallery_side
-
             with gallery_side(model):
                 out[ids_self] = expand_numpy(model, x[ids_self], x[ids])[0]
         else:

@@ -38,7 +38,7 @@ from torch import nn
 from ..errors import CheckpointError, InputError
 from .base import EXPANDERS, Expander, ExpanderUnavailable, Expansion, l2n
 from .baselines import check_inputs
-from ..checkpoints import find, load, make_record, write
+from ..checkpoints import find, load, make_record, part, write
 
 
 @dataclass
@@ -245,7 +245,7 @@ def make_lattqe(embed_dim=None, checkpoint_dir=None, fingerprint=None, **_):
         where = Path(checkpoint_dir).name if checkpoint_dir else "no checkpoint folder"
         raise ExpanderUnavailable(
             f"no LAttQE checkpoint for backbone {fingerprint or '?'} ({embed_dim or '?'}-d) in {where}; "
-            "train one with `python -m engine train lattqe`"
+            f"{part('lattqe').train_hint()}"
         )
     best = hits[0][0]  # the layer's tie rule, never file mtime
     try:

@@ -1,11 +1,17 @@
 """Index a folder or a zip archive (the `python -m engine index` stage)."""
 from __future__ import annotations
 
+import logging
+import shutil
+import warnings
 from pathlib import Path
 from typing import Optional
 
+from PIL import Image
+
 from ..config import Settings
 from ..errors import InputError
+from ..images import IMAGE_EXTENSIONS, check_header
 from .pipeline import build_index
 from .safezip import safe_extract_zip
 from .store import GalleryIndex
@@ -18,7 +24,6 @@ def index_source(source, out, backbone, index_type: str = "auto", batch_size: in
     source, out = Path(source), Path(out)
     if source.is_file() and source.suffix.lower() == ".zip":
         files = out / "files"
-        import shutil
 
         shutil.rmtree(files, ignore_errors=True)
         safe_extract_zip(source, files, max_files=settings.max_zip_files,
@@ -37,13 +42,6 @@ def precheck_images(folder: Path, settings: Settings) -> None:
     """Header-only pass over extracted images before any is decoded: files over the per-image limits
     (pixels, aspect ratio, frames) are removed, and the upload is refused when the images left would
     decode to more than ``settings.max_zip_pixels`` pixels in all (one upload holds the indexing slot)."""
-    import logging
-    import warnings
-
-    from PIL import Image
-
-    from ..images import IMAGE_EXTENSIONS, check_header
-
     total = 0
     for p in sorted(folder.rglob("*")):
         if not p.is_file() or p.suffix.lower() not in IMAGE_EXTENSIONS:

@@ -64,7 +64,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from ..checkpoints import load, make_record, write
+from ..checkpoints import file_name, load, make_record, part, write
 from ..errors import CheckpointError, InputError
 
 SUPPORTED_BITS = (16, 32, 64, 128)
@@ -301,8 +301,6 @@ def neighbour_loss(targets: torch.Tensor, h: torch.Tensor, tau: float) -> torch.
 def checkpoint_path(checkpoint_dir, bits: int, fingerprint: Optional[str] = None) -> Path:
     """``ics-<K>-<backbone slug>.safetensors`` (the checkpoint layer's naming; plain ``ics-<K>`` without a
     fingerprint)."""
-    from ..checkpoints import file_name
-
     name = file_name(f"ics-{int(bits)}", fingerprint) if fingerprint else f"ics-{int(bits)}.safetensors"
     return Path(checkpoint_dir) / name
 
@@ -333,8 +331,8 @@ def load_ics(path, fingerprint: Optional[str] = None, dim: Optional[int] = None)
     path = Path(path).with_suffix(".safetensors")
     if not path.is_file():
         raise CheckpointError(
-            f"no ICS checkpoint {path.name} in {path.parent}; train one with "
-            f"`python -m engine train ics --bits {path.stem.split('-')[1] if '-' in path.stem else 64}` (see docs/ics.md)"
+            f"no ICS checkpoint {path.name} in {path.parent}; "
+            f"{part('ics').train_hint(**({'bits': path.stem.split('-')[1]} if '-' in path.stem else {}))} (docs/ics.md)"
         )
     ck = load("ics", path, fingerprint=fingerprint, dim=dim)
     if ck.record["config"].get("locality_bits"):

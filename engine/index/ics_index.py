@@ -28,14 +28,16 @@ from pathlib import Path
 from typing import Optional
 
 import numpy as np
+import torch
 
+from ..checkpoints import describe_search_path, find, part
+from ..config import Settings
 from ..errors import CheckpointError, IndexLoadError, InputError
-from ..checkpoints import describe_search_path, find
+from ..fileio import atomic_save_npy as _atomic_save_npy
+from ..fileio import atomic_write_text as _atomic_write_text
 from .ics import SUPPORTED_BITS, Hasher, load_ics
 from .ics_baselines import LSHHasher
 from .vectors import VECTOR_INDEXES, VectorIndex
-from ..fileio import atomic_save_npy as _atomic_save_npy
-from ..fileio import atomic_write_text as _atomic_write_text
 
 FLAT_MAX = 2_000_000  # above this many items "auto" uses a HNSW graph over the binary codes
 DEFAULT_RERANK = 1000
@@ -304,8 +306,6 @@ class CompactBinaryIndex(VectorIndex):
         0.5 ms on 1000 x 512 candidates against 1.6 ms for numpy's. The inner products that follow use einsum
         on the calling thread: a BLAS matrix-vector product spreads over threads and cost 2-13 ms on a loaded
         machine; einsum's sums differ from BLAS's only in rounding (<= 1e-6)."""
-        import torch
-
         t = self._vectors16_t
         if t is None or t.data_ptr() != self.vectors16.ctypes.data or len(t) != len(self.vectors16):
             if not len(self.vectors16):
@@ -368,8 +368,6 @@ class LSHIndex(CompactBinaryIndex):
 
 
 def default_checkpoint_dir() -> Path:
-    from ..config import Settings
-
     return Path(Settings().checkpoints)
 
 
@@ -393,8 +391,8 @@ def make_ics_index(bits: int, dim: int, n: int = 0, checkpoint_dir=None, fingerp
             load_ics(others[0][0], fingerprint=fingerprint, dim=dim)
         raise CheckpointError(
             f"index type ics-{bits} needs a trained hash head ics-{bits}-<backbone>.safetensors for this backbone "
-            f"in {describe_search_path(folder)}, which is missing; train it with "
-            f"`python -m engine train ics --bits {bits}` (docs/ics.md) or pick another index type"
+            f"in {describe_search_path(folder)}, which is missing; {part('ics').train_hint(bits=bits)} (docs/ics.md), "
+            "or pick another index type"
         )
     path = found[0][0]
     model = load_ics(path, fingerprint=fingerprint, dim=dim)

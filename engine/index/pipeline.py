@@ -8,19 +8,24 @@ file is never embedded twice.
 from __future__ import annotations
 
 import hashlib
+import io
+import json
 import logging
 import os
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Dict, Iterable, List, Optional, Tuple
+from typing import Callable, Dict, Iterable, Iterator, List, Optional, Tuple
 
 import numpy as np
 import torch
+from PIL import Image
 from torch.utils.data import DataLoader, Dataset
 
 from ..errors import InputError
+from ..expand import EXPANDERS, ExpanderUnavailable
+from ..fileio import atomic_write_bytes, atomic_write_text
 from ..images import DEFAULT_MAX_DECODE_BYTES, load_image, sha256_file
-from ..fileio import atomic_write_bytes
 from .shards import cache_folder, read_shards, write_shard  # noqa: F401  (engine.data.features uses them too)
 from .store import GalleryIndex
 from .walk import find_images, load_captions
@@ -67,6 +72,34 @@ def _collate(batch):
     }
 
 
+# -- stage: embed ------------------------------------------------------------------------------------
+@dataclass
+class EmbeddedBatch:
+    """One batch of the embedding stage: ``positions`` into the paths given, their float32 embeddings and
+    decoded sizes, and the positions that failed to decode with one sentence each."""
+    positions: List[int]
+    embeddings: np.ndarray
+    sizes: List[list]
+    failed: List[Tuple[int, str]]
+
+
+def embed_stage(backbone, root: Path, rel: List[str], hashes: List[str], thumbs: Optional[Path], max_pixels: int,
+                max_decode_bytes: int, batch_size: int = 32, workers: int = 0) -> Iterator[EmbeddedBatch]:
+    """The one embedding stage of both distributors: read, decode (within ``max_pixels`` and
+    ``max_decode_bytes``), preprocess and thumbnail ``rel`` under ``root`` in ``workers`` DataLoader processes
+    (0: this one), embed each batch with ``backbone``. The local runner (:func:`build_index`) feeds it the
+    files to embed; the Ray runner (``ray_runner.ShardEmbedder``) one shard per call, inside its actor."""
+    ds = DecodeDataset(root, rel, hashes, backbone.preprocess, thumbs, max_pixels, max_decode_bytes)
+    loader = DataLoader(ds, batch_size=batch_size, num_workers=workers, collate_fn=_collate,
+                        persistent_workers=False, prefetch_factor=4 if workers else None)
+    for batch in loader:
+        emb = np.zeros((0, int(backbone.embed_dim)), np.float32)
+        if batch["pixels"] is not None:
+            with torch.no_grad():
+                emb = backbone.encode_images(batch["pixels"]).float().cpu().numpy()
+        yield EmbeddedBatch(batch["i"], emb, batch["size"], batch["failed"])
+
+
 # -- stage: embedding cache shards: engine/index/shards.py ----------------------------------------
 # -- the single-machine runner ------------------------------------------------------------------
 def build_index(
@@ -107,30 +140,25 @@ def build_index(
 
     failed: Dict[int, str] = {}
     if todo:
-        ds = DecodeDataset(source, [rel[i] for i in todo], [hashes[i] for i in todo], backbone.preprocess,
-                           thumbs, max_pixels, max_decode_bytes)
         if workers is None:
             workers = min(2, os.cpu_count() or 1)
-        loader = DataLoader(ds, batch_size=batch_size, num_workers=workers, collate_fn=_collate,
-                            persistent_workers=False, prefetch_factor=4 if workers else None)
         pend_h: List[str] = []
         pend_e: List[np.ndarray] = []
         pend_s: List[list] = []
         bar = tqdm(total=len(todo), desc="indexing", unit="img", disable=progress is not None)
         done = 0
-        for b_no, batch in enumerate(loader):
-            for j, err in batch["failed"]:
+        stage = embed_stage(backbone, source, [rel[i] for i in todo], [hashes[i] for i in todo], thumbs, max_pixels,
+                            max_decode_bytes, batch_size, workers)
+        for b_no, batch in enumerate(stage):
+            for j, err in batch.failed:
                 failed[todo[j]] = err
-            if batch["pixels"] is not None:
-                with torch.no_grad():
-                    emb = backbone.encode_images(batch["pixels"]).float().cpu().numpy()
-                for j, e, s in zip(batch["i"], emb, batch["size"]):
-                    h = hashes[todo[j]]
-                    known[h] = (e.astype(np.float16), s)
-                    pend_h.append(h)
-                    pend_e.append(e)
-                    pend_s.append(s)
-            n = len(batch["i"]) + len(batch["failed"])
+            for j, e, s in zip(batch.positions, batch.embeddings, batch.sizes):
+                h = hashes[todo[j]]
+                known[h] = (e.astype(np.float16), s)
+                pend_h.append(h)
+                pend_e.append(e)
+                pend_s.append(s)
+            n = len(batch.positions) + len(batch.failed)
             done += n
             bar.update(n)
             if progress:
@@ -155,8 +183,6 @@ THUMB_SUMS = "checksums.json"
 
 
 def thumbnail_bytes(img) -> bytes:
-    import io
-
     t = img.copy()
     t.thumbnail((THUMB_SIZE, THUMB_SIZE))
     buf = io.BytesIO()
@@ -169,12 +195,6 @@ def repair_thumbnails(source: Path, thumbs: Path, items: List[dict], max_pixels:
     """Check every item's thumbnail against the SHA-256 recorded in ``thumbs/checksums.json`` and rebuild
     the damaged or missing ones from their source image (a thumbnail met for the first time is recorded when
     it decodes). Returns how many were rebuilt."""
-    import json
-
-    from PIL import Image
-
-    from ..fileio import atomic_write_text
-
     sums_path = thumbs / THUMB_SUMS
     try:
         sums = json.loads(sums_path.read_text(encoding="utf-8"))
@@ -261,7 +281,6 @@ def assemble_index(source: Path, out: Path, backbone, rel: List[str], hashes: Li
 
 
 def _dba(matrix: np.ndarray, method: str, k: int, backbone, options: dict) -> np.ndarray:
-    from ..expand import EXPANDERS, ExpanderUnavailable
     from ..expand.dba import dba_vectors
 
     model = None

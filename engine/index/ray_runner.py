@@ -7,8 +7,9 @@ distributor changes (as clip-retrieval swaps pyspark/slurm around its stages):
   ``path`` column read with ``ray.data.read_parquet``/``read_csv``) and cuts them into shards of
   ``shard_size`` paths. A shard's id is its position plus a hash of the backbone fingerprint and its paths.
 * mapper: ``ray.data.from_items(shards).map_batches(ShardEmbedder, concurrency=...)``: one actor per CPU
-  (or per GPU when the cluster has GPUs), each loading the backbone once, decoding, hashing and embedding
-  the images of a shard and writing thumbnails.
+  (or per GPU when the cluster has GPUs), each loading the backbone once, hashing the images of a shard and
+  running the local runner's own embedding stage on them (``pipeline.embed_stage``: decode within
+  ``CIS_MAX_PIXELS`` / ``CIS_MAX_DECODE_MB``, preprocess, thumbnail, embed).
 * writer: the actor writes ``ray-shards/<fp>/shard-<id>.npz`` atomically, keyed by the shard id, so a retried
   shard (Ray restarts a killed actor and re-runs its task) overwrites the same file with the same content.
 * assemble: the driver reads the shard files in plan order, keeps one row per path, and saves the same
@@ -22,15 +23,20 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import shutil
 import time
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
-from ..config import child_environment
+from ..backbones import create_backbone
+from ..config import Settings, child_environment
 from ..errors import InputError
+from ..images import sha256_file
 from . import shards
+from .pipeline import assemble_index, embed_stage
+from .safezip import safe_extract_zip
 from .shards import read_shard_file, write_shard_file
 from .walk import find_images, load_captions
 
@@ -62,8 +68,6 @@ def _table_paths(source: Path) -> List[str]:
 def resolve_inputs(source, out: Path, settings=None) -> Tuple[Path, List[str]]:
     """(root folder, sorted relative POSIX paths) for a folder, zip, list file or parquet/CSV of paths.
     Relative paths in a list or table are relative to the file's own folder."""
-    from ..config import Settings
-
     settings = settings or Settings()
     source = Path(source)
     if source.is_dir():
@@ -73,10 +77,6 @@ def resolve_inputs(source, out: Path, settings=None) -> Tuple[Path, List[str]]:
         raise InputError(f"{source} is neither a folder, a .zip, a list file (.txt) nor a .parquet/.csv of paths")
     suffix = source.suffix.lower()
     if suffix == ".zip":
-        import shutil
-
-        from .safezip import safe_extract_zip
-
         files = Path(out) / "files"
         shutil.rmtree(files, ignore_errors=True)
         safe_extract_zip(source, files, max_files=settings.max_zip_files,
@@ -118,25 +118,18 @@ class ShardEmbedder:
     """Loads the backbone once per actor; each call embeds whole shards and writes their files."""
 
     def __init__(self, backbone: str, fingerprint: str, device: str, root: str, folder: str, thumbs: str, max_pixels: int,
-                 batch_size: int):
-        from ..backbones import create_backbone
-
+                 max_decode_bytes: int, batch_size: int):
         self.backbone = create_backbone(backbone, device)
         if self.backbone.fingerprint != fingerprint:  # e.g. "auto" resolved differently on this node
             raise RuntimeError(f"worker backbone {self.backbone.fingerprint} differs from the driver's {fingerprint}")
         self.root, self.folder, self.thumbs = Path(root), Path(folder), Path(thumbs)
-        self.max_pixels, self.batch_size = max_pixels, batch_size
+        self.max_pixels, self.max_decode_bytes, self.batch_size = max_pixels, max_decode_bytes, batch_size
         markers = self.folder / WORKER_MARKERS
         markers.mkdir(parents=True, exist_ok=True)
         self.marker = markers / str(os.getpid())
         self.marker.write_text("0")
 
     def embed_shard(self, shard_id: str, paths: List[str]) -> int:
-        import torch
-
-        from ..images import sha256_file
-        from .pipeline import DecodeDataset, _collate
-
         hashes, nbytes, keep, failed, reasons = [], [], [], [], []
         for p in paths:
             try:
@@ -146,18 +139,15 @@ class ShardEmbedder:
             except OSError as exc:
                 failed.append(p)
                 reasons.append(f"unreadable ({exc.__class__.__name__})")
-        ds = DecodeDataset(self.root, keep, hashes, self.backbone.preprocess, self.thumbs, self.max_pixels)
         ok_idx, embs, sizes = [], [], []
-        for start in range(0, len(ds), self.batch_size):
-            batch = _collate([ds[i] for i in range(start, min(start + self.batch_size, len(ds)))])
-            for j, err in batch["failed"]:
+        for batch in embed_stage(self.backbone, self.root, keep, hashes, self.thumbs, self.max_pixels,
+                                 self.max_decode_bytes, self.batch_size, workers=0):  # the actor is the worker
+            for j, err in batch.failed:
                 failed.append(keep[j])
                 reasons.append(err)
-            if batch["pixels"] is not None:
-                with torch.no_grad():
-                    embs.append(self.backbone.encode_images(batch["pixels"]).float().cpu().numpy())
-                ok_idx += batch["i"]
-                sizes += batch["size"]
+            embs.append(batch.embeddings)
+            ok_idx += batch.positions
+            sizes += batch.sizes
         dim = int(self.backbone.embed_dim)
         write_shard_file(self.folder / f"shard-{shard_id}.npz", [hashes[i] for i in ok_idx],
                          np.concatenate(embs) if embs else np.zeros((0, dim)), sizes,
@@ -187,9 +177,6 @@ def build_index_ray(source, out, backbone, settings=None, address: Optional[str]
                     progress=None):
     """Index ``source`` on the Ray cluster at ``address`` (a new local one when None) into ``out``."""
     from tqdm.auto import tqdm
-
-    from ..config import Settings
-    from .pipeline import assemble_index
 
     settings = settings or Settings()
     out = Path(out)
@@ -221,6 +208,7 @@ def build_index_ray(source, out, backbone, settings=None, address: Optional[str]
                 fn_constructor_kwargs={"backbone": settings.backbone, "fingerprint": backbone.fingerprint,
                                        "device": device, "root": str(root), "folder": str(folder),
                                        "thumbs": str(out / "thumbs"), "max_pixels": settings.max_pixels,
+                                       "max_decode_bytes": int(settings.max_decode_mb * 1e6),
                                        "batch_size": batch_size})
             total = sum(len(s["paths"].split("\n")) for s in todo)
             bar = tqdm(total=total, desc=f"indexing on Ray ({n_actors} {'GPU' if gpus else 'CPU'} actors)",

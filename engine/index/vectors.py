@@ -1,6 +1,7 @@
 """FAISS vector indexes behind one small interface: exact, HNSW, IVF; GPU when CUDA FAISS is present."""
 from __future__ import annotations
 
+import re
 from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Tuple
@@ -8,7 +9,8 @@ from typing import Tuple
 import numpy as np
 
 from ..config import Settings
-from ..errors import IndexLoadError
+from ..errors import IndexLoadError, InputError
+from ..fileio import atomic_path
 from ..registry import Registry
 
 AUTO_EXACT_MAX = 50_000  # galleries up to this size use the exact index under "auto"
@@ -95,7 +97,6 @@ class _FaissIndex(VectorIndex):
     def save(self, folder):
         if self.save_file:
             faiss = _faiss()
-            from ..fileio import atomic_path
 
             with atomic_path(folder / self.file_name) as tmp:
                 faiss.write_index(self._cpu, str(tmp))
@@ -196,19 +197,15 @@ IVFPQ_MIN_POINTS_PER_LIST = 39  # FAISS warns below 39 training points per coars
 IVFPQ_TRAIN_PER_LIST = 50  # k-means sample: 50 points per list (FAISS's useful range is 39..256)
 IVFPQ_DEFAULT_RERANK = 300  # candidates re-ranked exactly from float16 vectors (100 left recall@10 at 0.94 in tests)
 IVFPQ_ID_BYTES = 8  # each inverted-list entry stores an int64 id beside its code
-BUDGET_ENV = "CIS_INDEX_MEMORY_BUDGET"
 
 
 def parse_bytes(text) -> int:
     """'8G', '512MB', '1.5GiB', 4000000 -> bytes (powers of 1024 for K/M/G/T)."""
     if isinstance(text, (int, float)):
         return int(text)
-    import re
 
     m = re.fullmatch(r"\s*([0-9.]+)\s*([KMGT]?)(?:I?B)?\s*", str(text).upper())
     if not m:
-        from ..errors import InputError
-
         raise InputError(f"a memory budget is a size like 8G or 512MB, got {text!r}")
     return int(float(m.group(1)) * 1024 ** " KMGT".index(m.group(2) or " "))
 
@@ -229,8 +226,6 @@ def ivfpq_params(n: int, dim: int, memory_budget=None, rerank=None) -> dict:
       vectors fit the budget beside the smallest code, off otherwise (or when ``rerank`` = 0).
 
     Raises InputError when not even the smallest code fits."""
-    from ..errors import InputError
-
     n, dim = max(int(n), 1), int(dim)
     nlist = 1 << max(0, round(np.log2(4 * np.sqrt(n))))
     while nlist > 1 and nlist * IVFPQ_MIN_POINTS_PER_LIST > n:
@@ -284,8 +279,6 @@ class IVFPQIndex(_FaissIndex):
             if self.options.get(key):
                 self.params[key] = int(self.options[key])
         if self.dim % self.params["m"]:
-            from ..errors import InputError
-
             raise InputError(f"PQ code size m = {self.params['m']} must divide the dimension {self.dim}")
         self.rerank = int(self.params["rerank"])
 

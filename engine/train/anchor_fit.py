@@ -31,6 +31,20 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ..backbones import create_backbone
+from ..checkpoints import search_dirs
+from ..compose.context_i2w import load_context_i2w_composer, save_context_i2w
+from ..compose.rtic import load_rtic_composer, save_rtic
+from ..config import Settings
+from ..data.cir_triplets import load_offline_cir
+from ..data.features import embed_paths, embed_texts
+from ..data.heldout import held_out_cir_images, keep_row
+from ..data.open_vocab import load_open_vocab
+from ..data.tone import TONE_TEXTS, offline_cir_photos
+from ..eval.cir import cir_tensors, compose_queries
+from ..eval.generalise import build_suite, suite_tensors
+from .context_i2w import load_pairs
+from .router import operation_texts, train_router
 from ..compose.anchor import (
     Anchor,
     AnchorConfig,
@@ -94,16 +108,11 @@ def r10(ranks: np.ndarray) -> float:
 
 
 def _text_embeddings(backbone, texts: Sequence[str]) -> torch.Tensor:
-    from ..data.features import embed_texts
-
     return torch.from_numpy(np.asarray(embed_texts(backbone, list(texts)), dtype=np.float32))
 
 
 def suite_set(backbone, composer) -> FitSet:
     """The validation side of the held-out-domain suite, with ``composer``'s un-anchored vectors."""
-    from ..eval.generalise import build_suite, suite_tensors
-    from ..eval.offline import compose_queries
-
     suite = build_suite("val")
     gallery, gemb, pos, ref_emb, ref_paths = suite_tensors(backbone, suite)
     learned = compose_queries(backbone, {"x": composer}, suite.queries, ref_emb, ref_paths=ref_paths)["x"]
@@ -121,9 +130,6 @@ def suite_set(backbone, composer) -> FitSet:
 
 def in_domain_set(backbone, composer, split: str = "val") -> FitSet:
     """The offline CIR ``split`` without the held-out sources (the composer's own domain)."""
-    from ..data.heldout import held_out_cir_images, keep_row
-    from ..eval.offline import cir_tensors, compose_queries
-
     queries, gallery, gemb, pos = cir_tensors(backbone, split)
     held = held_out_cir_images()
     queries = [q for q in queries if keep_row([q["reference"], *q["targets"]], held)]
@@ -148,22 +154,14 @@ def in_domain_set(backbone, composer, split: str = "val") -> FitSet:
 def bank_inputs(part: str, record: Optional[dict] = None) -> tuple:
     """(texts, image files) the composer ``part`` trained on, held-out sources left out (with the
     open-vocabulary set's train side when its ``record`` says it trained on it)."""
-    from ..data.cir_triplets import load_offline_cir
-
     if part in ("rtic", "rtic+gcn"):
-        from ..data.tone import TONE_TEXTS, offline_cir_photos
-
         trips = load_offline_cir("train", hold_out=True)
         if (record or {}).get("open_vocab"):
-            from ..data.open_vocab import load_open_vocab
-
             trips = trips + load_open_vocab("train")
         texts = sorted({t.text for t in trips} | {x for v in TONE_TEXTS.values() for x in v})
         images = sorted({t.reference for t in trips} | {str(p) for p in offline_cir_photos("train", hold_out=True)})
         return texts, images
     if part == "context-i2w":
-        from .context_i2w import load_pairs
-
         data = ((record or {}).get("training") or {}).get("data") or "captions+recoloured"  # what it trained on
         pairs = load_pairs(str(data), "train")
         return sorted({p.caption for p in pairs}), sorted({str(p.path) for p in pairs})
@@ -173,8 +171,6 @@ def bank_inputs(part: str, record: Optional[dict] = None) -> tuple:
 def build_banks(backbone, texts: Sequence[str], images: Sequence[str], k: int = 64) -> Anchor:
     """The text bank, the image prototypes and the operation bank (the texts with their content words masked,
     each masked text once) with its vocabulary (engine.compose.anchor)."""
-    from ..data.features import embed_paths
-
     text_bank = _text_embeddings(backbone, texts)
     image_emb = torch.from_numpy(embed_paths(backbone, list(images), desc="anchor image bank"))
     vocab = operation_vocabulary(texts)
@@ -343,9 +339,6 @@ def anchor_checkpoint(backbone, part: str, checkpoint_dir=None, progress: bool =
     ``keep_banks``: the banks, the operation vocabulary and the router already stored with the checkpoint are
     kept and only the ramps, trusts and prior text weights are fitted again (no training image embedded, no
     router trained: minutes instead of a quarter of an hour on 2 cores); without a stored anchor, as usual."""
-    from ..compose.context_i2w import load_context_i2w_composer, save_context_i2w
-    from ..compose.rtic import load_rtic_composer, save_rtic
-
     if part in ("rtic", "rtic+gcn"):
         composer = load_rtic_composer(backbone, checkpoint_dir, variant=part)
         model, record = composer.model, composer.record
@@ -362,15 +355,11 @@ def anchor_checkpoint(backbone, part: str, checkpoint_dir=None, progress: bool =
                         stored.op_bank, sorted(stored.vocab), stored.router)
         n_texts, router_acc = int(stored.text_bank.shape[0]), (record.get("anchor_fit") or {}).get("router_train_accuracy")
         if anchor.router is None:
-            from .router import operation_texts, train_router
-
             anchor.router, router_acc = train_router(backbone, operation_texts())
         command = f"python -m engine train anchor --composer {part} --keep-banks"
     else:
         texts, images = bank_inputs(part, record)
         anchor = build_banks(backbone, texts, images)
-        from .router import operation_texts, train_router
-
         anchor.router, router_acc = train_router(backbone, operation_texts())
         n_texts, command = len(texts), f"python -m engine train anchor --composer {part}"
     suite = suite_set(backbone, composer)
@@ -397,8 +386,6 @@ def anchor_checkpoint(backbone, part: str, checkpoint_dir=None, progress: bool =
 
 def _checkpoint_path(part: str, record: dict, checkpoint_dir, backbone) -> Path:
     """The file the composer was loaded from, on the checkpoint search path."""
-    from ..checkpoints import search_dirs
-
     for d in search_dirs(checkpoint_dir):
         p = Path(d) / record["file"]
         if p.is_file():
@@ -415,9 +402,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--keep-banks", action="store_true", help="keep the banks and the router stored with the "
                    "checkpoint; fit only the ramps, trusts and per-operation prior text weights again")
     args = p.parse_args(argv)
-    from ..backbones import create_backbone
-    from ..config import Settings
-
     settings = Settings()
     backbone = create_backbone(args.backbone or settings.backbone, args.device, settings=settings)
     anchor_checkpoint(backbone, args.composer, args.checkpoints or settings.checkpoints, keep_banks=args.keep_banks)

@@ -19,6 +19,7 @@ during a dense construction).
 from __future__ import annotations
 
 import math
+import time
 import warnings
 from dataclasses import dataclass
 from typing import Dict, Iterable, List, Optional, Tuple
@@ -287,8 +288,6 @@ def measure_gcn_memory(
     construction (Linux: the peak counter is reset before each N; includes the block-wise similarity
     buffers and temporary index arrays) and the construction time.
     """
-    import time
-
     out = []
     g = torch.Generator().manual_seed(seed)
     for n in sizes:

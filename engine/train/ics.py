@@ -32,6 +32,8 @@ import numpy as np
 import torch
 from torch.nn import functional as F
 
+from ..config import Settings, resolve_device
+from ..data.formats import image_path, load_split
 from ..errors import InputError
 from ..eval.metrics import approximate_recall, exact_top_ids, map_at_n
 from ..index.ics import (
@@ -365,7 +367,6 @@ def _embed(items: List[Item], backbone) -> np.ndarray:
 def offline_multilabel(backbone) -> Dict[str, Tuple[np.ndarray, List[List[str]]]]:
     """{split: (embeddings, label lists)} for the offline ``multilabel`` set's train / query / db."""
     from ..data.builders import ensure_built
-    from ..data.formats import image_path, load_split
 
     ensure_built("multilabel")  # the explicit build step (quick when built)
     out = {}
@@ -462,7 +463,6 @@ def _load_sources(args) -> Tuple[np.ndarray, List[List[str]], np.ndarray, List[L
         pick = lambda idx: (x[idx], [labels[i] for i in idx])  # noqa: E731
         return (*pick(tr), *pick(q), *pick(db), fingerprint, f"features {args.features.name}")
     from ..backbones import create_backbone
-    from ..config import resolve_device
 
     backbone = create_backbone(args.backbone, resolve_device(args.device))
     if args.coco or args.nuswide or args.csv:
@@ -488,8 +488,6 @@ def _load_sources(args) -> Tuple[np.ndarray, List[List[str]], np.ndarray, List[L
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = _parser().parse_args(list(argv) if argv is not None else None)
     if args.threads:
-        import torch
-
         torch.set_num_threads(args.threads)
     try:
         bits_list = [int(b) for b in str(args.bits).split(",") if b.strip()]
@@ -505,8 +503,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     top = args.top or min(1000, len(db_x))
     out_dir = args.out
     if out_dir is None:
-        from ..config import Settings
-
         out_dir = Path(Settings().checkpoints)
     base = {f.name: getattr(args, f.name) for f in fields(ICSConfig)
             if f.name not in ("dim", "bits", "num_labels", "centre_strategy")}

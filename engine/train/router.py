@@ -13,6 +13,11 @@ from typing import Dict, List, Tuple
 import numpy as np
 import torch
 
+from ..compose.router import Router
+from ..data import open_vocab as ov
+from ..data.features import embed_texts
+from ..data.cir_triplets import load_offline_cir
+
 PER_CLASS = 240
 FILLS = 3  # each template written this many times, with other train words
 SEED = 0
@@ -20,9 +25,7 @@ SEED = 0
 
 def operation_texts(per_class: int = PER_CLASS, seed: int = SEED) -> List[Tuple[str, str]]:
     """[(text, operation class)] of the train side: templates x train words, at most ``per_class`` each."""
-    from ..data import open_vocab as ov
     from ..data.builders import ensure_built
-    from ..data.cir_triplets import load_offline_cir
 
     ensure_built("cir")  # the explicit build step of this trainer (quick when built): the in-domain texts
 
@@ -60,9 +63,6 @@ def operation_texts(per_class: int = PER_CLASS, seed: int = SEED) -> List[Tuple[
 
 def train_router(backbone, texts: List[Tuple[str, str]], steps: int = 300, l2: float = 1e-3):
     """(Router with zero trust, training accuracy) fitted on ``texts``."""
-    from ..compose.router import Router
-    from ..data.features import embed_texts
-
     classes = sorted({c for _, c in texts})
     y = torch.tensor([classes.index(c) for _, c in texts])
     x = torch.nn.functional.normalize(torch.from_numpy(np.asarray(embed_texts(backbone, [t for t, _ in texts]),

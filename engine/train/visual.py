@@ -14,13 +14,16 @@ from typing import Dict, List, Sequence, Tuple
 
 import numpy as np
 import torch
+from PIL import Image
 
+from ..backbones.concepts import mix
+from ..backbones.packaged import PackagedBackbone
 from ..backbones.visual import VisualChannel, fit_projection, projection_path
 from ..data.builders import ensure_built
 from ..data.formats import image_path, load_split
 from ..eval.metrics import average_precisions
 from ..fileio import atomic_write_bytes
-from .lattqe.data import HELD_OUT_FILES
+from ..eval.expanders import HELD_OUT_FILES
 
 PARTS = ("emoji", "photos")
 WEIGHTS = (0.0, 0.3, 0.5, 0.6, 0.7, 0.8, 0.9)
@@ -40,10 +43,6 @@ def labelled_paths(split: str) -> Tuple[List[Path], np.ndarray]:
 @torch.no_grad()
 def pooled_and_bridge(backbone, paths: Sequence[Path], batch: int = 32) -> Tuple[np.ndarray, np.ndarray]:
     """(N, C) pooled classifier features and (N, text_dim) bridge embeddings of image files."""
-    from PIL import Image
-
-    from ..backbones.concepts import mix
-
     pooled, bridge = [], []
     for i in range(0, len(paths), batch):
         ims = []
@@ -76,8 +75,6 @@ def choose_weight(channel: VisualChannel, pooled: np.ndarray, bridge: np.ndarray
 
 
 def main(argv=None) -> int:
-    from ..backbones.packaged import PackagedBackbone
-
     ap = argparse.ArgumentParser(prog="python -m engine.train.visual", description=__doc__.splitlines()[0])
     ap.add_argument("--variant", default="lite0")
     ap.add_argument("--dim", type=int, default=128, help="size of the visual block")

@@ -15,6 +15,8 @@ so a category word's pictures and its sentences fall on the same side. Per photo
 """
 from __future__ import annotations
 
+import hashlib
+import json
 import random
 from collections import Counter, defaultdict
 from pathlib import Path
@@ -24,7 +26,7 @@ import torch
 from PIL import Image
 
 from .. import open_vocab as ov
-from .. import recolour
+from .. import recolour, tone
 from ..formats import IMAGES_DIRNAME, write_jsonl
 from ..heldout import is_held_out
 from ..tone import LIGHT_EDITS, photo_edit
@@ -191,11 +193,6 @@ def build_open_vocab(out: Path, inp: Inputs, seed: int) -> dict:
 def open_vocab_recipe() -> str:
     """Hash of everything the set's rows depend on beyond the shared recipe: this builder, the vocabularies and
     templates (``engine.data.open_vocab``), the edits (``engine.data.tone``) and the XKCD table."""
-    import hashlib
-    import json
-
-    from .. import tone
-
     h = hashlib.sha256(json.dumps(ov.colours(), sort_keys=True).encode())
     for module in (ov, tone, recolour):
         h.update(Path(module.__file__).read_bytes())

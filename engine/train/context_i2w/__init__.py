@@ -21,9 +21,9 @@ Evaluation helpers used by ``python -m engine eval`` / ``bench``: :func:`evaluat
 "a photo of S*" -> image retrieval), :func:`evaluate_context_i2w` (composed retrieval R@K against the
 
 Modules: :mod:`.data` (pairs, the held-out split, cached features), :mod:`.model` (small config, training
-config, loss, schedule), :mod:`.loop` (training), :mod:`.report` (evaluation), :mod:`.cli` (the command).
+config, loss, schedule), :mod:`.loop` (training), :mod:`.report` (evaluation), :mod:`.cli` (the command, ``main``; not imported here: it runs the prior anchor fit,
+``engine.train.anchor_fit``, which imports this package).
 """
-from .cli import main
 from .data import (PairFeatures, Pair, image_features, load_pairs, prepare_features, read_pair_file, read_pair_folder,
                    recoloured_pairs, split_pairs, text_embeddings)
 from .loop import train_mapper
@@ -31,6 +31,6 @@ from .model import SMALL_CONFIG, TrainConfig, contrastive_loss, pseudo_prompt_em
 from .report import cir_queries, evaluate_cir, evaluate_context_i2w, evaluate_pairs, local_share
 
 __all__ = ["Pair", "PairFeatures", "SMALL_CONFIG", "TrainConfig", "cir_queries", "contrastive_loss", "evaluate_cir",
-           "evaluate_context_i2w", "evaluate_pairs", "image_features", "load_pairs", "local_share", "main",
+           "evaluate_context_i2w", "evaluate_pairs", "image_features", "load_pairs", "local_share",
            "prepare_features", "pseudo_prompt_embeddings", "read_pair_file", "read_pair_folder", "recoloured_pairs",
            "split_pairs", "text_embeddings", "train_mapper"]

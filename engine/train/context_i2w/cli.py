@@ -15,11 +15,20 @@ from typing import Dict, List, Optional, Sequence
 
 import torch
 
+from ...backbones.factory import create_backbone
 from ...checkpoints import PARTS, file_name
-from ...compose.context_i2w import (ContextI2WConfig, ContextI2WMapper, count_parameters, load_authors_checkpoint,
-                                    load_context_i2w, save_context_i2w)
+from ...compose.context_i2w import (
+    ContextI2WConfig,
+    ContextI2WMapper,
+    count_parameters,
+    load_authors_checkpoint,
+    load_context_i2w,
+    save_context_i2w,
+)
 from ...config import Settings
+from ...data.heldout import HELD_OUT_SOURCES
 from ...errors import InputError
+from ..anchor_fit import anchor_checkpoint
 from .data import Pair, _cache_root, load_pairs, prepare_features, split_pairs
 from .loop import train_mapper
 from .model import SMALL_CONFIG, TrainConfig
@@ -174,19 +183,13 @@ def _held_out(args, backbone, mapper: ContextI2WMapper, val: List[Pair], progres
 def _save(args, backbone, mapper: ContextI2WMapper, out: Path, out_dir: Path, record: dict, progress: bool) -> None:
     """The final checkpoint; on the offline data, its prior anchor fitted (engine.train.anchor_fit)."""
     if _offline(args.data):
-        from ...data.heldout import HELD_OUT_SOURCES
-
         record["held_out_sources"] = list(HELD_OUT_SOURCES)
     save_context_i2w(out, mapper, backbone, {"training": record}, half=args.half)
     if _offline(args.data) and not args.no_anchor:
-        from ..anchor_fit import anchor_checkpoint
-
         anchor_checkpoint(backbone, "context-i2w", out_dir, progress=progress)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    from ...backbones.factory import create_backbone
-
     args = _parser().parse_args(argv)
     progress = not args.quiet
     backbone = create_backbone(args.backbone, args.device)

@@ -14,8 +14,14 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
+from ...config import cache_dir
+from ...data import formats
+from ...data.cir_triplets import load_offline_cir
+from ...data.formats import image_path, load_split, read_jsonl
+from ...data.heldout import is_held_out
+from ...data.subjects import replace_subjects
 from ...errors import InputError
-from ...fileio import atomic_write_bytes
+from ...fileio import atomic_save_npy, atomic_write_bytes
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".webp", ".bmp")
 PATH_KEYS = ("image", "path", "file", "filepath", "filename", "img")
@@ -52,8 +58,6 @@ def _pairs_from_records(records: List[dict], root: Path, source: str) -> List[Pa
 
 def read_pair_file(path: Path, image_root: Optional[Path] = None) -> List[Pair]:
     """CSV/TSV (header with an image-path and a caption column) or JSONL of path + caption."""
-    from ...data.formats import read_jsonl
-
     path = Path(path)
     root = Path(image_root) if image_root else path.parent
     if path.suffix.lower() in (".jsonl", ".json"):
@@ -94,7 +98,6 @@ def recoloured_pairs(split: str = "train") -> List[Pair]:
     """The offline CIR set's recoloured images with a caption that names the new colour
     ("blue hammer, a tool"): the colour edits are images the captions set does not hold."""
     from ...data.builders import ensure_built
-    from ...data.cir_triplets import load_offline_cir
 
     ensure_built("cir")  # the explicit build step (quick when built)
     out, seen = [], set()
@@ -115,7 +118,6 @@ def open_vocab_pairs(split: str = "train") -> List[Pair]:
     (a light edit in one of the side's phrasings). Context-I2W learns from captions, so the open vocabulary
     reaches it as captions of edited pictures, not as triplets."""
     from ...data.builders import ensure_built
-    from ...data.formats import image_path, load_split
 
     ensure_built("open_vocab")  # the explicit build step (quick when built)
     out, seen = [], set()
@@ -140,10 +142,7 @@ def load_pairs(spec: str, split: str = "train", image_root: Optional[str] = None
     if spec == "open-vocab":
         return open_vocab_pairs(split)
     if spec == "captions":
-        from ...data import formats
         from ...data.builders import ensure_built
-
-        from ...data.heldout import is_held_out
 
         ensure_built("captions")  # the explicit build step (quick when built)
         records = [r for r in formats.load_split("captions", split) if not is_held_out(r.get("source", ""))]
@@ -171,14 +170,10 @@ def split_pairs(pairs: List[Pair], val_fraction: float, seed: int = 0) -> Tuple[
 
 
 def _cache_root() -> Path:
-    from ...config import cache_dir
-
     return cache_dir() / "context_i2w"
 
 
 def _save_npy(path: Path, arr: np.ndarray) -> None:
-    from ...fileio import atomic_save_npy
-
     atomic_save_npy(path, arr)
 
 
@@ -272,8 +267,6 @@ class PairFeatures:
 def prepare_features(backbone, pairs: Sequence[Pair], batch_size: int = 32, cache: bool = True,
                      progress: bool = True) -> PairFeatures:
     """Subject replacement, image features and context embeddings for ``pairs`` (no-subject pairs dropped)."""
-    from ...data.subjects import replace_subjects
-
     if not pairs:
         raise InputError("no image-caption pairs to use")
     replaced, stats = replace_subjects([p.caption for p in pairs], backbone.placeholder, cache=cache,

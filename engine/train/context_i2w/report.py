@@ -2,24 +2,26 @@
 against the baselines (with ablations) on triplets and on the offline ``cir`` set."""
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
 
+from ...compose.base import COMPOSERS, Query
 from ...compose.context_i2w import ContextI2WComposer, ContextI2WMapper
+from ...data import formats
+from ...data.heldout import held_out_cir_images, keep_row
 from ...errors import InputError
+from ...eval.metrics import first_hit_ranks, recall_from_ranks
 from .data import PairFeatures, _batch, image_features, text_embeddings
 from .model import pseudo_prompt_embeddings
-
 
 
 def _recall(scores: np.ndarray, targets: Sequence[Sequence[int]], ks: Sequence[int],
             exclude: Optional[Sequence[int]] = None) -> Dict[str, float]:
     """R@K (percent): a query counts when any of its targets ranks in the top K (``exclude`` removed)."""
-    from ...eval.metrics import first_hit_ranks, recall_from_ranks
-
     scores = np.asarray(scores, dtype=np.float64)
     positive = np.zeros(scores.shape, dtype=bool)
     for i, ts in enumerate(targets):
@@ -79,8 +81,6 @@ def evaluate_context_i2w(backbone, mapper: ContextI2WMapper, triplets: Sequence[
     """
     from tqdm.auto import tqdm
 
-    from ...compose.base import COMPOSERS, Query
-
     def targets_of(t):
         ts = t.get("targets", t.get("target"))
         return [str(x) for x in (ts if isinstance(ts, (list, tuple)) else [ts])]
@@ -100,7 +100,6 @@ def evaluate_context_i2w(backbone, mapper: ContextI2WMapper, triplets: Sequence[
     g_emb, _ = image_features(backbone, [Path(p) for p in gallery], progress=progress)
     r_emb, r_tok = image_features(backbone, [Path(p) for p in refs], progress=progress)
     rpos = {p: i for i, p in enumerate(refs)}
-    import copy
 
     composers = {"context-i2w": ContextI2WComposer(backbone, mapper.eval())}
     if ablations:
@@ -134,10 +133,7 @@ def evaluate_context_i2w(backbone, mapper: ContextI2WMapper, triplets: Sequence[
 
 def cir_queries(split: str) -> Dict[str, Tuple[List[dict], List[str]]]:
     """The offline ``cir`` set's split as {gallery name: (triplets, gallery image paths)}."""
-    from ...data import formats
     from ...data.builders import ensure_built
-
-    from ...data.heldout import held_out_cir_images, keep_row
 
     ensure_built("cir")  # the explicit build step (quick when built)
     held = held_out_cir_images()  # the held-out sources (engine.data.heldout) are left out

@@ -21,14 +21,16 @@ LAttQE and the DBA variants as a function of nQE; :func:`bench_expanders` gives 
 per query and the batched throughput of each expander.
 
 Modules: :mod:`.data` (splits, features), :mod:`.model` (recipe, losses, sampler), :mod:`.loop` (training,
-epoch and weight-floor choice), :mod:`.report` (evaluation, plots, tables, cost), :mod:`.cli` (the command).
+epoch and weight-floor choice), :mod:`.report` (the training history plot), :mod:`.cli` (the command). The expander evaluation (mAP vs nQE,
+plots, tables, cost) is ``engine.eval.expanders`` (with the labelled set's features), below this package; the names are re-exported here.
 """
+from ...eval.expanders import (DBA_NAMES, NQE_LIST, QE_METHODS, average_precisions, bench_expanders, encode_labels,
+                               evaluate_expanders, format_table, labelled_features, plot_curves, qe_map)
 from .cli import main
-from .data import encode_labels, fashion_mnist_pca, labelled_features, load_features, split_classes
+from .data import fashion_mnist_pca, load_features, split_classes
 from .loop import FLOOR_GRID, choose_floor, cir_guard, fixed_loss, train_lattqe, validation_queries
 from .model import TrainConfig, contrastive_loss, ranking_loss, weight_loss
-from .report import (DBA_NAMES, NQE_LIST, QE_METHODS, average_precisions, bench_expanders, evaluate_expanders,
-                     format_table, plot_curves, plot_history, qe_map)
+from .report import plot_history
 
 __all__ = ["DBA_NAMES", "FLOOR_GRID", "NQE_LIST", "QE_METHODS", "TrainConfig", "average_precisions",
            "bench_expanders", "choose_floor", "cir_guard", "contrastive_loss", "encode_labels", "evaluate_expanders",

@@ -14,12 +14,14 @@ import torch
 from ...checkpoints import figures_of
 from ...config import Settings
 from ...errors import InputError
-from ...expand.lattqe import save_lattqe
-from .data import class_list, fashion_mnist_pca, labelled_features, load_features, split_classes
+from ...eval.expanders import NQE_LIST, evaluate_expanders, format_table, labelled_features, plot_curves
+from ...expand.lattqe import load_lattqe, save_lattqe
+from ...fileio import atomic_write_text
+from .data import class_list, fashion_mnist_pca, load_features, split_classes
 from .loop import choose_floor, cir_guard, train_lattqe
 from .model import TrainConfig
-from .report import NQE_LIST, evaluate_expanders, format_table, plot_curves, plot_history
-
+from .report import plot_history
+from ...backbones import create_backbone
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -167,8 +169,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 def _report(args, model, history, ex, ey, where: str, source: str, fp: str) -> None:
     """The eval JSON, the mAP-vs-nQE and training plots and the table, on the ``where`` classes."""
-    from ...fileio import atomic_write_text
-
     args.report.mkdir(parents=True, exist_ok=True)
     nqe_list = [int(v) for v in args.nqe_list.split(",") if v.strip()]
     res = evaluate_expanders(ex, ey, model, nqe_list=nqe_list, n_queries=args.eval_queries, seed=args.seed,
@@ -184,13 +184,9 @@ def _refloor(args, cfg: TrainConfig, fp: str, val_x: np.ndarray, val_y: np.ndarr
     """``--refloor CHECKPOINT``: the weights stay, the floors are chosen again on the validation classes
     (with ``--cir-guard P``: only among the floors that keep composed retrieval on the CIR validation split
     within P points of R@10 of no expansion for every composer)."""
-    from ...expand.lattqe import load_lattqe
-
     model, record = load_lattqe(args.refloor, fingerprint=fp)
     guard = None
     if args.cir_guard > 0:
-        from ...backbones import create_backbone
-
         guard = cir_guard(model, create_backbone(args.backbone, "cpu"), args.cir_guard, settings=settings)
         print(f"CIR validation guard ({args.cir_guard:g} points of R@10): floors allowed {guard['allowed']}")
     floor = choose_floor(model, val_x, val_y, cfg, allowed=None if guard is None else guard["allowed"])

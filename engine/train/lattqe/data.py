@@ -7,6 +7,7 @@ from typing import Dict, List, Sequence, Tuple
 
 import numpy as np
 
+from ...data import fashion_mnist
 from ...errors import InputError
 from ...expand.base import l2n
 
@@ -25,12 +26,6 @@ def split_classes(labels: Sequence, val_frac: float = 0.3, seed: int = 0) -> Tup
     return ~val, val
 
 
-def encode_labels(labels: Sequence) -> np.ndarray:
-    """Any labels -> int64 codes 0..C-1."""
-    _, codes = np.unique(np.asarray(labels), return_inverse=True)
-    return codes.astype(np.int64)
-
-
 def fashion_mnist_pca(dim: int = 64, per_class: int = 1000, val_classes: Sequence[int] = (7, 8, 9),
                       seed: int = 0) -> Tuple[np.ndarray, np.ndarray, str]:
     """Stand-in embeddings: Fashion-MNIST training pixels projected by PCA fit on the training
@@ -38,8 +33,6 @@ def fashion_mnist_pca(dim: int = 64, per_class: int = 1000, val_classes: Sequenc
 
     Returns (embeddings (N, dim) L2-normalised, labels (N,), pseudo fingerprint).
     """
-    from ...data import fashion_mnist
-
     images, y = fashion_mnist.load("train")
     rng = np.random.default_rng(seed)
     keep = np.sort(np.concatenate([rng.permutation(np.flatnonzero(y == c))[:per_class] for c in np.unique(y)]))
@@ -49,50 +42,6 @@ def fashion_mnist_pca(dim: int = 64, per_class: int = 1000, val_classes: Sequenc
     _, _, vt = np.linalg.svd(fit - mean, full_matrices=False)
     emb = l2n((x - mean) @ vt[:dim].T)
     return emb.astype(np.float32), y, f"fashion-mnist-pixels-pca{dim}"
-
-
-HELD_OUT_FILES = {"train": ("train",), "val": ("val",), "test": ("query", "db")}
-
-
-def labelled_features(parts: Sequence[str], backbone_name: str = "packaged", device: str = "auto",
-                      splits: Sequence[str] = ("train", "val", "test"), max_per_class: int = 0, seed: int = 0,
-                      ) -> Tuple[Dict[str, Tuple[np.ndarray, np.ndarray]], str]:
-    """Embed the offline ``labelled`` set (parts e.g. emoji, photos, fmnist_small) with a backbone.
-
-    Returns ({split: (embeddings, labels "part:label")}, backbone fingerprint). Splits are class
-    disjoint; "test" is the held-out query + db files (parts without test classes are skipped there).
-    ``max_per_class`` > 0 keeps at most that many random images per class and split.
-    """
-    import random
-
-    from ...backbones import create_backbone
-    from ...data.features import embed_paths
-    from ...data.builders import ensure_built
-    from ...data.formats import image_path, load_split
-
-    ensure_built("labelled")  # the explicit build step (quick when built)
-    backbone = create_backbone(backbone_name, device)
-    out = {}
-    for split in splits:
-        paths, labels = [], []
-        for part in parts:
-            if split == "test" and part.startswith("fmnist"):
-                continue  # Fashion-MNIST parts have train + val classes only (their query/db mix both)
-            recs = [r for name in HELD_OUT_FILES[split] for r in load_split("labelled", name, part)]
-            if max_per_class > 0:
-                by: Dict[str, list] = {}
-                for r in recs:
-                    by.setdefault(str(r["label"]), []).append(r)
-                rng = random.Random(f"{seed}:{part}:{split}")
-                recs = [r for lab in sorted(by) for r in (by[lab] if len(by[lab]) <= max_per_class
-                                                          else rng.sample(by[lab], max_per_class))]
-            for r in recs:
-                paths.append(image_path("labelled", r["image"]))
-                labels.append(f"{part}:{r['label']}")
-        if paths:
-            x = embed_paths(backbone, paths, desc=f"embedding labelled {split}")
-            out[split] = (np.asarray(x, np.float32), np.asarray(labels))
-    return out, backbone.fingerprint
 
 
 # ============================================================================ metrics

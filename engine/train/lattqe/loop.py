@@ -10,14 +10,15 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from ...config import Settings
 from ...errors import InputError
+from ...eval.expanders import encode_labels, qe_map
 from ...expand.base import l2n
-from ..budget import another_epoch_fits
 from ...expand.dba import dba_vectors, knn
-from ...expand.lattqe import LAttQEConfig, LAttQEModel
-from .data import encode_labels
+from ...expand.lattqe import LAttQEConfig, LAttQEExpander, LAttQEModel
+from ..budget import another_epoch_fits
 from .model import Sampler, TrainConfig, contrastive_loss, ranking_loss, weight_loss
-from .report import qe_map
+from ...eval.cir import cir_composers, cir_tensors, compose_queries, rank_queries, recall
 
 
 @torch.no_grad()
@@ -209,10 +210,6 @@ def cir_guard(model: LAttQEModel, backbone, max_drop: float, grid: Sequence[floa
     """The query-side floors under which composed retrieval on the offline CIR ``split`` (every composer
     with a checkpoint for ``backbone``, as `eval offline` ranks) loses at most ``max_drop`` points of R@10
     to no expansion. Returns {"allowed": [...], "r10_by_floor": {floor: {composer: [none, lattqe]}}}."""
-    from ...config import Settings
-    from ...eval.offline import cir_composers, cir_tensors, compose_queries, rank_queries, recall
-    from ...expand.lattqe import LAttQEExpander
-
     queries, gallery, gemb, pos = cir_tensors(backbone, split)
     ref = torch.from_numpy(gemb[[pos[q["reference"]] for q in queries]])
     qv = compose_queries(backbone, cir_composers(backbone, settings or Settings())[0], queries, ref)

@@ -10,12 +10,24 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Dict, Optional, Sequence
 
+from ...backbones import create_backbone
 from ...checkpoints import PARTS, file_name, slug
 from ...compose.rtic import RTIC, RTICConfig, count_parameters, save_rtic
-from ...config import Settings
-from ...data.cir_triplets import TripletSet
+from ...config import ROOT, Settings, resolve_device
+from ...data.cir_triplets import TripletSet, embed_triplets
+from ...data.heldout import HELD_OUT_SOURCES
+from ...data.tone import offline_cir_photos, tone_triplets
 from ...errors import InputError
-from .data import load_triplets, open_vocab_set, open_vocab_triplets, split_by_reference_group, synthetic_triplets, tone_set
+from ..anchor_fit import anchor_checkpoint
+from ..gcn_graph import measure_gcn_memory
+from .data import (
+    load_triplets,
+    open_vocab_set,
+    open_vocab_triplets,
+    split_by_reference_group,
+    synthetic_triplets,
+    tone_set,
+)
 from .loop import train_rtic
 from .model import TrainConfig
 from .report import held_out
@@ -83,8 +95,6 @@ def _parser() -> argparse.ArgumentParser:
 
 def _memory(args) -> int:
     """``--memory``: only the GCN stage's memory for the given N."""
-    from ..gcn_graph import measure_gcn_memory
-
     def show(r):
         print(json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in r.items()}), flush=True)
 
@@ -125,16 +135,11 @@ def _synthetic_sets(args) -> Sets:
 
 def _embedded_sets(args, device: str) -> Sets:
     """The training split (with the tone edits when asked) and the held-out split, embedded by the backbone."""
-    from ...backbones import create_backbone
-    from ...data.cir_triplets import embed_triplets
-
     backbone = create_backbone(args.backbone, device=device)
     progress = not args.quiet
     train_trips, _ = load_triplets(args, args.train_split)
     n_tone = 0
     if args.tone_edits:
-        from ...data.tone import offline_cir_photos, tone_triplets
-
         tone_trips = tone_triplets(offline_cir_photos(args.train_split, hold_out=True))[0]
         n_tone = len(tone_trips)
         train_trips = train_trips + tone_trips
@@ -172,21 +177,16 @@ def _save(args, sets: Sets, result: dict, cfg: TrainConfig, metrics: dict, tone_
                  "open_vocab": bool(args.open_vocab),
                  "graph": result["graph"] if variant == "rtic+gcn" else None}
         if args.data == "cir":
-            from ...data.heldout import HELD_OUT_SOURCES
-
             extra["held_out_sources"] = list(HELD_OUT_SOURCES)
         save_rtic(path, model, sets.fingerprint, sets.backbone_name, extra, variant=variant)
         print(f"saved {variant} -> {path}")
         if args.data == "cir" and not args.no_anchor:
-            from ..anchor_fit import anchor_checkpoint
-
             anchor_checkpoint(sets.backbone, variant, out_dir, progress=not args.quiet)
             print(f"anchored {variant} to the weighted sum (engine.train.anchor_fit)")
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = _parser().parse_args(argv)
-    from ...config import ROOT, resolve_device
 
     if args.memory:
         return _memory(args)

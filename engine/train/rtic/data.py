@@ -9,7 +9,10 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from ...data.cir_triplets import TripletSet
+from ...data import cir_triplets as ct
+from ...data.cir_triplets import TripletSet, embed_triplets
+from ...data.open_vocab import load_open_vocab, open_vocab_gallery
+from ...data.tone import offline_cir_photos, tone_triplets
 from ...errors import InputError
 
 
@@ -58,8 +61,6 @@ def split_by_reference_group(data: TripletSet, groups: torch.Tensor, held_out: f
 
 def load_triplets(args, split: str):
     """Triplets of one split and the split's gallery as [(path, gallery kind)] (empty if the set has none)."""
-    from ...data import cir_triplets as ct
-
     report = ct.LoadReport()
     if args.data == "fashioniq":
         trips = ct.load_fashioniq(args.root, split, args.categories.split(","), both_orders=(split == args.train_split),
@@ -85,9 +86,6 @@ def load_triplets(args, split: str):
 def tone_set(backbone, split: str, progress: bool = True):
     """The tone-edit queries of one split's photos of the offline CIR set, embedded: (TripletSet with the
     gallery of every photo in every version, triplets, gallery [(path, "tone")])."""
-    from ...data.cir_triplets import embed_triplets
-    from ...data.tone import offline_cir_photos, tone_triplets
-
     triplets, gallery = tone_triplets(offline_cir_photos(split, hold_out=True))
     if not triplets:
         raise InputError(f"the {split} split of the offline CIR set has no photos to make tone edits of")
@@ -99,7 +97,6 @@ def open_vocab_triplets(split: str, limit: int = 0):
     """Triplets of one split of the open-vocabulary set (``engine.data.open_vocab``; built on first use by the
     explicit build step), at most ``limit`` (a fixed sample; 0 = all)."""
     from ...data.builders import ensure_built
-    from ...data.open_vocab import load_open_vocab
 
     ensure_built("open_vocab")
     return load_open_vocab(split, limit=limit)
@@ -108,9 +105,6 @@ def open_vocab_triplets(split: str, limit: int = 0):
 def open_vocab_set(backbone, split: str, limit: int = 0, progress: bool = True):
     """One split of the open-vocabulary set embedded, against its gallery (every picture of the split in
     every version): (TripletSet, triplets, gallery [(path, "open")])."""
-    from ...data.cir_triplets import embed_triplets
-    from ...data.open_vocab import open_vocab_gallery
-
     triplets = open_vocab_triplets(split, limit)
     gallery = open_vocab_gallery(split)
     data = embed_triplets(backbone, triplets, progress=progress, gallery=[p for p, _ in gallery])
