@@ -6,7 +6,10 @@ import hashlib
 import io
 import os
 import struct
+import threading
+import time
 import warnings
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Optional, Union
 
@@ -123,6 +126,15 @@ _TWO_BYTES = {"I;16", "I;16B", "I;16L", "I;16N"}
 _FOUR_BYTES = {"LA", "PA", "La", "RGB", "RGBA", "RGBa", "RGBX", "CMYK", "YCbCr", "LAB", "HSV", "I", "F"}
 # formats whose decoder holds a second full-size buffer while it decodes (libwebp's RGBA, libtiff's strips)
 _DOUBLE_BUFFERED = {"WEBP", "TIFF"}
+# decoders written in Python (Pillow's RLE BMP): they build the image in a Python buffer (a second full copy)
+# and hold the interpreter lock a few seconds per 40 MP, so they get a pixel limit of their own
+_PY_DECODERS = {"bmp_rle"}
+PY_DECODER_MAX_PIXELS = 2_000_000
+# every decode in the process holds its cost in this budget while it runs (CIS_DECODE_BUDGET_MB), so N
+# concurrent images cannot use more than it together; a decode that finds no room waits up to DECODE_WAIT_S
+DEFAULT_DECODE_BUDGET = 192_000_000
+DECODE_WAIT_S = 30.0
+BUSY_DECODING = "the server is decoding too many images at once; try again in a moment"
 OUTPUT_MAX_PIXELS = 16_000_000  # the decoded working copy handed on (preprocess, thumbnails) holds at most this
 _STRIP_BYTES = 2 << 20  # converted piece by piece, about this many bytes at a time
 
@@ -164,6 +176,94 @@ def decode_cost(size: tuple, mode: str, fmt: Optional[str]) -> int:
     factor = _reduce_factor(size)
     copy = 0 if (mode == "RGB" and factor == 1) else (w // factor) * (h // factor) * 4
     return decoded + copy
+
+
+class DecodeBudget:
+    """Bytes of decoding in flight, process-wide: a decode reserves its cost (:func:`decode_cost`) before it
+    starts and returns it when done; one that does not fit waits, then is refused in one sentence. A cost
+    over the whole budget is reserved as the whole budget (the decode runs alone)."""
+
+    def __init__(self, capacity: int):
+        self.capacity = max(1, int(capacity))
+        self.used = 0
+        self._cond = threading.Condition()
+
+    @contextmanager
+    def hold(self, cost: int, wait_s: Optional[float] = None):
+        cost = max(0, min(int(cost), self.capacity))
+        deadline = time.monotonic() + (DECODE_WAIT_S if wait_s is None else wait_s)
+        with self._cond:
+            while self.used and self.used + cost > self.capacity:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise InputError(BUSY_DECODING)
+                self._cond.wait(left)
+            self.used += cost
+        try:
+            yield
+        finally:
+            with self._cond:
+                self.used -= cost
+                self._cond.notify_all()
+
+
+def _budget_from_env() -> int:
+    try:
+        mb = float(os.environ.get("CIS_DECODE_BUDGET_MB", "") or DEFAULT_DECODE_BUDGET / 1e6)
+    except ValueError:
+        mb = DEFAULT_DECODE_BUDGET / 1e6
+    return int(mb * 1e6) if mb > 0 and mb == mb else DEFAULT_DECODE_BUDGET
+
+
+BUDGET = DecodeBudget(_budget_from_env())
+
+_SOF = {0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF}
+_PROGRESSIVE_SOF = {0xC2, 0xC6, 0xCA, 0xCE}
+
+
+def jpeg_coefficient_bytes(data: bytes) -> int:
+    """Bytes libjpeg keeps for a JPEG's whole-image DCT coefficient buffers: for a progressive JPEG, or a
+    baseline one whose first scan does not hold every component (multi-scan), libjpeg stores every
+    coefficient of the full-size image (2 bytes each, 64 per 8x8 block of each component) whatever scale
+    ``draft`` asks for; 0 for a single-scan baseline JPEG (decoded a row of blocks at a time). Read from the
+    marker segments alone, before any pixel is decoded."""
+    pos, end = 2, len(data)
+    frame = None
+    while pos + 4 <= end:
+        if data[pos] != 0xFF:
+            return 0  # not a marker where one must be: leave it to the decoder to refuse
+        marker = data[pos + 1]
+        if marker == 0xFF:  # fill byte
+            pos += 1
+            continue
+        if marker in (0x01,) or 0xD0 <= marker <= 0xD7:
+            pos += 2
+            continue
+        length = struct.unpack(">H", data[pos + 2:pos + 4])[0]
+        seg = data[pos + 4:pos + 2 + length]
+        if marker in _SOF and len(seg) >= 6:
+            h, w, n = struct.unpack(">HHB", seg[1:6])
+            comps = [(seg[6 + 3 * i + 1] >> 4, seg[6 + 3 * i + 1] & 15) for i in range(n) if 6 + 3 * i + 2 < len(seg)]
+            frame = (marker, w, h, comps)
+        elif marker == 0xDA:  # the first scan: is it the only one?
+            if frame is None or not frame[3]:
+                return 0
+            marker_sof, w, h, comps = frame
+            scan_components = seg[0] if seg else 0
+            if marker_sof not in _PROGRESSIVE_SOF and scan_components >= len(comps):
+                return 0
+            hmax = max(1, max(c[0] for c in comps))
+            vmax = max(1, max(c[1] for c in comps))
+            total = 0
+            for hs, vs in comps:
+                bw = -(-(-(-w * max(1, hs) // hmax)) // 8)
+                bh = -(-(-(-h * max(1, vs) // vmax)) // 8)
+                total += bw * bh * 64 * 2
+            return total
+        elif marker == 0xD9:
+            return 0
+        pos += 2 + length
+    return 0
 
 
 def _mode_name(mode: str) -> str:
@@ -271,10 +371,20 @@ def load_image(
             img = Image.open(io.BytesIO(data), formats=FORMATS)
             check_header(img, name, max_pixels, max_aspect, max_frames)
             img.seek(0)  # first frame of animations
+            # buffers the decoder keeps at the full size whatever the output size: counted before draft()
+            full = jpeg_coefficient_bytes(data) if img.format in ("JPEG", "MPO") else 0
+            decoder = img.tile[0][0] if img.tile else ""
+            if decoder in _PY_DECODERS:
+                w, h = img.size
+                if w * h > PY_DECODER_MAX_PIXELS:
+                    raise InputError(f"{name} is a run-length compressed BMP of {w}x{h} pixels; this kind is "
+                                     f"slow to decode and limited to {PY_DECODER_MAX_PIXELS:,} pixels; save it "
+                                     "as a png or jpg")
+                full = w * h * bytes_per_pixel(img.mode)  # the Python decoder's own buffer
             if img.format in ("JPEG", "MPO") and min(img.size) > 2 * WORKING_SIDE:
                 img.draft("RGB", (WORKING_SIDE, WORKING_SIDE))  # DCT scaling: decodes at 1/2, 1/4 or 1/8
             try:
-                cost = decode_cost(img.size, img.mode, img.format)
+                cost = decode_cost(img.size, img.mode, img.format) + full
             except KeyError:
                 raise InputError(f"{name} uses the {img.mode} colour mode, which this app cannot read; save it "
                                  "as an 8-bit RGB or grayscale jpg or png") from None
@@ -283,7 +393,15 @@ def load_image(
                 raise InputError(f"{name} ({w}x{h} pixels, {_mode_name(img.mode)}) needs {cost / 1e6:.0f} MB to "
                                  f"decode; the limit is {max_decode_bytes / 1e6:.0f} MB")
             orientation = _orientation(img)
-            img.load()
+            with BUDGET.hold(cost):  # bytes in flight, process-wide: the decode and its RGB copy
+                img.load()
+                try:
+                    out = to_rgb(img, _reduce_factor(img.size))
+                except InputError:
+                    raise
+                except (OSError, ValueError) as exc:
+                    raise InputError(f"{name} could not be converted to RGB ({exc})") from None
+                del img
     except InputError:
         raise
     except (Image.DecompressionBombError, Image.DecompressionBombWarning):
@@ -292,10 +410,4 @@ def load_image(
         raise InputError(f"{name} is not an image this app can read (jpg, png, webp, bmp, tiff, gif)") from None
     except (OSError, SyntaxError, ValueError, EOFError, IndexError, struct.error, MemoryError):
         raise InputError(f"{name} could not be decoded (truncated or corrupt file)") from None
-    try:
-        out = to_rgb(img, _reduce_factor(img.size))
-    except InputError:
-        raise
-    except (OSError, ValueError) as exc:
-        raise InputError(f"{name} could not be converted to RGB ({exc})") from None
     return out.transpose(_TRANSPOSE[orientation]) if orientation in _TRANSPOSE else out

@@ -60,6 +60,29 @@ def png(w: int, h: int, depth: int = 8, colour: int = 0, tag: bytes = b"") -> by
     return out + _chunk(b"IDAT", body) + _chunk(b"IEND", b"")
 
 
+def rle_bmp(w: int, h: int) -> bytes:
+    """A valid w x h 8-bit run-length compressed (RLE8) BMP: runs of 255 pixels, a few bytes a row."""
+    runs = b"".join(bytes([255, i % 256]) for i in range(w // 255)) + (bytes([w % 255, 7]) if w % 255 else b"")
+    pixels = (runs + b"\x00\x00") * h + b"\x00\x01"
+    palette = b"".join(bytes([i, i, i, 0]) for i in range(256))
+    info = struct.pack("<IiiHHIIiiII", 40, w, h, 1, 8, 1, len(pixels), 2835, 2835, 256, 0)
+    offset = 14 + len(info) + len(palette)
+    return b"BM" + struct.pack("<IHHI", offset + len(pixels), 0, 0, offset) + info + palette + pixels
+
+
+def progressive_jpeg(w: int, h: int, mode: str = "CMYK") -> bytes:
+    """A w x h progressive JPEG of one flat colour (a few hundred kB even at 40 MP); making it holds the image
+    once, in this process."""
+    import io
+
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new(mode, (w, h), (10, 200, 30, 0)[:len(mode)] if mode != "L" else 90).save(buf, "JPEG", progressive=True,
+                                                                                        quality=70)
+    return buf.getvalue()
+
+
 def header_only_png() -> bytes:
     return png(64, 64)[:33]  # signature + IHDR, no pixel data
 
