@@ -151,6 +151,9 @@ class SearchEngine:
                     self.composers[name] = COMPOSERS.get(name)(backbone, checkpoint_dir=ckpt)
                 except (ComposerUnavailable, CheckpointError) as exc:
                     self.unavailable[name] = _unavailable_reason(exc, refused)
+                except Exception as exc:  # noqa: BLE001 - a damaged file never stops the start: one line, part off
+                    self.unavailable[name] = f"its checkpoint cannot be used ({exc.__class__.__name__})"
+                    log.warning("%s unavailable: %s: %s", name, exc.__class__.__name__, exc)
         self.expanders: Dict[str, Expander] = {}
         self.expanders_unavailable: Dict[str, str] = {}
         for name in EXPANDERS:
@@ -161,6 +164,9 @@ class SearchEngine:
                     )
                 except (ExpanderUnavailable, CheckpointError) as exc:
                     self.expanders_unavailable[name] = _unavailable_reason(exc, refused)
+                except Exception as exc:  # noqa: BLE001 - as for the composers
+                    self.expanders_unavailable[name] = f"its checkpoint cannot be used ({exc.__class__.__name__})"
+                    log.warning("%s unavailable: %s: %s", name, exc.__class__.__name__, exc)
         from .defaults import engine_defaults
 
         self.defaults = engine_defaults(backbone, self.settings)

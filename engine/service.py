@@ -47,19 +47,85 @@ def _open_default_engine(settings: Settings, progress=None) -> SearchEngine:
     out = settings.resolved_index_dir()
     with _lock:
         try:
-            return open_engine(out, backbone=backbone, settings=settings)
+            engine = open_engine(out, backbone=backbone, settings=settings)
+            built = False
         except IndexLoadError as exc:
             first = not (Path(out) / "CURRENT").exists()
             if not first:
                 log.warning("rebuilding the gallery index at %s (%s)", out, exc)
-        from .prebuilt import seed_index
+            from .prebuilt import seed_index
 
-        seeded = seed_index(settings.gallery, out, backbone)  # the bundled gallery's prebuilt embeddings, when they fit
-        if first:
-            log.info("first start: indexing the gallery %s", "from its prebuilt embeddings (nothing to embed)"
-                     if seeded else "(embedding every photo once)")
-        index_source(settings.gallery, out, backbone, settings=settings, progress=progress)  # + thumbnails
-        return open_engine(out, backbone=backbone, settings=settings)
+            seeded = seed_index(settings.gallery, out, backbone)  # the bundled gallery's prebuilt embeddings, when they fit
+            if first:
+                log.info("first start: indexing the gallery %s", "from its prebuilt embeddings (nothing to embed)"
+                         if seeded else "(embedding every photo once)")
+            index_source(settings.gallery, out, backbone, settings=settings, progress=progress)  # + thumbnails
+            engine, built = open_engine(out, backbone=backbone, settings=settings), True
+        problem = vectors_problem(engine)
+        if problem:  # a valid file with the wrong content (rows swapped, another gallery's vectors): re-embed all
+            log.warning("the gallery index's vectors do not match its images (%s); rebuilding it by embedding "
+                        "every photo", problem)
+            from .index.shards import cache_folder
+
+            shutil.rmtree(cache_folder(Path(out), backbone.fingerprint), ignore_errors=True)
+            index_source(settings.gallery, out, backbone, settings=settings, progress=progress)
+            engine, built = open_engine(out, backbone=backbone, settings=settings), True
+        if not built:
+            check_thumbnails(engine)
+        return engine
+
+
+VECTOR_SAMPLE = 4  # gallery items re-embedded at start (first, last and two between)
+VECTOR_MIN_COSINE = 0.95  # below this a stored vector is not its image's (float16 and CPU/GPU differ by < 0.01)
+
+
+def vectors_problem(engine: SearchEngine, sample: int = VECTOR_SAMPLE) -> Optional[str]:
+    """None when a sample of the index's items, embedded again from their images, match their stored vectors;
+    else which item did not (what a prebuilt or cached file with its rows reordered would give). Items whose
+    image cannot be read are not sampled; an index with database-side augmentation is not checked."""
+    import numpy as np
+    import torch
+
+    from .images import DEFAULT_MAX_BYTES, decode_limits, load_image
+
+    index = engine.index
+    n = len(index)
+    if not n or index.meta.get("dba"):
+        return None
+    ids = sorted({0, n - 1, n // 3, (2 * n) // 3})[:max(1, sample)]
+    for i in ids:
+        try:
+            img = load_image(index.image_path(i), **{**decode_limits(engine.settings), "max_bytes": DEFAULT_MAX_BYTES})
+        except (InputError, OSError):
+            continue
+        with torch.no_grad():
+            emb = engine.backbone.encode_images(engine.backbone.preprocess(img).unsqueeze(0))
+        emb = np.asarray(emb[0].float().cpu().numpy() if hasattr(emb, "float") else emb[0], dtype=np.float32)
+        stored = index.embeddings[i].astype(np.float32)
+        cos = float(emb @ stored / max(1e-12, float(np.linalg.norm(emb) * np.linalg.norm(stored))))
+        if not cos >= VECTOR_MIN_COSINE:
+            return f"item {i}, {index.items[i]['path']}: cosine {cos:.2f} to its own image"
+    return None
+
+
+def check_thumbnails(engine: SearchEngine) -> int:
+    """At start: every thumbnail checked against its recorded checksum, the damaged ones rebuilt (a full disk
+    leaves them to the source images); returns how many were rebuilt."""
+    from .images import decode_limits
+    from .index.pipeline import repair_thumbnails
+
+    index = engine.index
+    limits = decode_limits(engine.settings)
+    try:
+        n = repair_thumbnails(index.source, Path(index.folder) / "thumbs", index.items, limits["max_pixels"],
+                              limits["max_decode_bytes"])
+    except OSError as exc:
+        log.warning("thumbnails not checked (%s); damaged ones are replaced by their source images",
+                    exc.strerror or exc.__class__.__name__)
+        return 0
+    index.__dict__.pop("_thumb_sums", None)
+    index.__dict__.pop("_thumbs_checked", None)
+    return n
 
 
 def sessions_dir() -> Path:

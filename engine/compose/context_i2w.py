@@ -48,7 +48,7 @@ import torch.nn.functional as F
 from ..errors import CheckpointError, InputError
 from .anchor import Anchor, load_anchor, operation_text, split_state
 from .base import COMPOSERS, Composer, ComposerUnavailable, Composition, Query, normalise
-from ..checkpoints import figures_of, find, load, make_record, write
+from ..checkpoints import figures_of, find, load, load_first, make_record, write
 
 TEMPLATE_MARK = "*"  # where S* goes in a written template; the prompt holds the placeholder token there
 DEFAULT_TEMPLATE = "a photo of * , {text}"
@@ -554,10 +554,12 @@ def load_context_i2w_composer(backbone, checkpoint_dir=None) -> ContextI2WCompos
         raise ComposerUnavailable(
             f"no Context-I2W checkpoint for {backbone.name} in {checkpoint_dir}; train one with "
             f"python -m engine train context-i2w --data captions")
-    path = found[0][0]
-    mapper, record = load_context_i2w(path, backbone.fingerprint)
-    anchor = load_anchor(path, record)  # CheckpointError naming the file when unreadable
-    return ContextI2WComposer(backbone, mapper, record, anchor=anchor)
+    def one(path):  # best first; a damaged one is passed over for the next (in the end the bundled file)
+        mapper, record = load_context_i2w(path, backbone.fingerprint)
+        anchor = load_anchor(path, record)  # CheckpointError naming the file when unreadable
+        return ContextI2WComposer(backbone, mapper, record, anchor=anchor)
+
+    return load_first(found, one, "Context-I2W")
 
 
 COMPOSERS.register("context-i2w")(
