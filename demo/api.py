@@ -250,6 +250,8 @@ class IdleBodyTimeout:
 
         try:
             await self.app(scope, timed_receive, watched_send)
+            if state["bytes"] > TRIM_AFTER_BYTES:  # a large body's buffers are freed now: hand the pages back
+                release_memory()
         except ClientGone:
             log.info("%s %s: the client went away before its request body was in (%d bytes)", scope.get("method"),
                      scope.get("path"), state["bytes"])
@@ -263,9 +265,30 @@ class IdleBodyTimeout:
                 await send({"type": "http.response.body", "body": body})
 
 
+async def _admitted_body(request, pool_for: Admission, declared: int, limit: int):
+    """The body in one buffer, read once ``pool_for`` admits it: "busy" when it does not, "too big" once it
+    passes ``limit`` (read no further: a huge body never sits in memory), "gone" when the client left."""
+    from starlette.requests import ClientDisconnect
+
+    if not pool_for.enter(declared):
+        return "busy"
+    try:
+        buf = bytearray()
+        async for chunk in request.stream():
+            if len(buf) + len(chunk) > limit:
+                return "too big"
+            buf += chunk
+        return buf
+    except ClientDisconnect:  # ClientGone from the middleware included
+        log.info("POST /api/search: the client went away before its request body was in")
+        return "gone"
+    finally:
+        pool_for.leave(declared)
+
+
 def search_route(engine: SearchEngine, settings: Optional[Settings] = None, workers: Optional[int] = None):
     """The ASGI route ``POST /api/search`` (a Starlette route, so it can be handed to Gradio's FastAPI app)."""
-    from starlette.requests import ClientDisconnect, Request
+    from starlette.requests import Request
     from starlette.responses import JSONResponse, Response
     from starlette.routing import Route
 
@@ -299,16 +322,6 @@ def search_route(engine: SearchEngine, settings: Optional[Settings] = None, work
             if big:
                 release_memory()
 
-    async def read_body(request: Request, limit: int) -> Optional[bytearray]:
-        """The body in one buffer, or None once it passes ``limit`` (read no further: a huge body never sits
-        in memory)."""
-        buf = bytearray()
-        async for chunk in request.stream():
-            if len(buf) + len(chunk) > limit:
-                return None
-            buf += chunk
-        return buf
-
     async def endpoint(request: Request):
         declared_text = request.headers.get("content-length", "")
         declared = int(declared_text) if declared_text.isdigit() else max_body
@@ -321,17 +334,10 @@ def search_route(engine: SearchEngine, settings: Optional[Settings] = None, work
         # bodies being read do not count as waiting for a worker: a slow sender holds only a reading slot, and
         # a small body (a search by text or gallery id) never waits behind large ones for it
         pool_for = small if declared_text.isdigit() and declared <= SMALL_BODY else admission
-        if not pool_for.enter(declared):
-            return error(503, BUSY)
-        try:
-            body = await read_body(request, declared if declared_text.isdigit() else max_body)
-        except ClientDisconnect:  # ClientGone from the middleware included
-            log.info("POST /api/search: the client went away before its request body was in")
-            return Response(status_code=400)  # nobody reads it
-        finally:
-            pool_for.leave(declared)
-        if body is None:
-            return error(413, too_big)
+        body = await _admitted_body(request, pool_for, declared, declared if declared_text.isdigit() else max_body)
+        if not isinstance(body, bytearray):
+            return error(503, BUSY) if body == "busy" else error(413, too_big) if body == "too big" else \
+                Response(status_code=400)  # the client went away: nobody reads it
         with lock:
             if state["in"] >= waiting_max:
                 return error(503, BUSY)

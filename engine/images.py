@@ -181,12 +181,25 @@ def decode_cost(size: tuple, mode: str, fmt: Optional[str]) -> int:
 class DecodeBudget:
     """Bytes of decoding in flight, process-wide: a decode reserves its cost (:func:`decode_cost`) before it
     starts and returns it when done; one that does not fit waits, then is refused in one sentence. A cost
-    over the whole budget is reserved as the whole budget (the decode runs alone)."""
+    over the whole budget is reserved as the whole budget (the decode runs alone). ``capacity`` None: the
+    settings' ``decode_budget_mb`` (CIS_DECODE_BUDGET_MB), read at the first decode."""
 
-    def __init__(self, capacity: int):
-        self.capacity = max(1, int(capacity))
+    def __init__(self, capacity: Optional[int] = None):
+        self._capacity = None if capacity is None else max(1, int(capacity))
         self.used = 0
         self._cond = threading.Condition()
+
+    @property
+    def capacity(self) -> int:
+        if self._capacity is None:
+            from .config import Settings
+
+            try:
+                mb = float(Settings().decode_budget_mb)
+            except (TypeError, ValueError):
+                mb = 0.0
+            self._capacity = int(mb * 1e6) if mb > 0 and mb < 1e9 else DEFAULT_DECODE_BUDGET
+        return self._capacity
 
     @contextmanager
     def hold(self, cost: int, wait_s: Optional[float] = None):
@@ -207,15 +220,7 @@ class DecodeBudget:
                 self._cond.notify_all()
 
 
-def _budget_from_env() -> int:
-    try:
-        mb = float(os.environ.get("CIS_DECODE_BUDGET_MB", "") or DEFAULT_DECODE_BUDGET / 1e6)
-    except ValueError:
-        mb = DEFAULT_DECODE_BUDGET / 1e6
-    return int(mb * 1e6) if mb > 0 and mb == mb else DEFAULT_DECODE_BUDGET
-
-
-BUDGET = DecodeBudget(_budget_from_env())
+BUDGET = DecodeBudget()
 
 _SOF = {0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF}
 _PROGRESSIVE_SOF = {0xC2, 0xC6, 0xCA, 0xCE}

@@ -172,3 +172,15 @@ def test_a_client_that_goes_away_mid_body_is_one_log_line(server, caplog):
         time.sleep(0.05)
     assert any("went away" in r.getMessage() for r in caplog.records)
     assert not [r for r in caplog.records if r.exc_info], [r.getMessage() for r in caplog.records]
+
+
+def test_the_page_keeps_state_for_a_bounded_number_of_sessions():
+    # every Gradio API call without a session is a new session whose state (~180 kB) Gradio keeps up to
+    # state_session_capacity (10,000 by default): app.py bounds it, so memory is flat under the API
+    import ast
+    from pathlib import Path
+
+    tree = ast.parse((Path(__file__).resolve().parent.parent / "app.py").read_text())
+    launch = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and getattr(n.func, "attr", "") == "launch"]
+    assert launch and "state_session_capacity" in {k.arg for k in launch[0].keywords}
+    assert 1 <= Settings().state_sessions <= 1000
