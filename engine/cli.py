@@ -9,7 +9,7 @@ import logging
 import sys
 from pathlib import Path
 
-from .errors import EngineError
+from .errors import EngineError, InputError
 
 # sub-commands whose implementation lives in another module: name -> (module, help)
 TRAINERS = {
@@ -125,12 +125,15 @@ def cmd_search(args) -> int:
     from .search import open_engine, search
     from .backbones import create_backbone
 
+    image = args.image
+    if image is not None and image.startswith("gallery:"):  # checked before anything loads: one sentence
+        try:
+            image = int(image.split(":", 1)[1])
+        except ValueError:
+            raise InputError(f"bad gallery image {args.image[:60]!r}; expected gallery:ID (an item number)") from None
     s = _settings(args)
     eng = open_engine(args.index, settings=s, backbone=create_backbone(s.backbone, s.device, settings=s) if args.backbone else None,
                       index_type=args.index_type)
-    image = args.image
-    if image is not None and image.startswith("gallery:"):
-        image = int(image.split(":", 1)[1])
     resp = search(eng, image=image, text=args.text, method=args.method, alpha=args.alpha, k=args.k,
                   expand=args.expand, nqe=args.nqe, negative_text=args.negative, explain=args.explain,
                   exclude_reference=not args.keep_reference)

@@ -55,3 +55,13 @@ def test_each_distinct_reference_is_encoded_once_per_run(gallery_engine, monkeyp
     res = tr.evaluate_triplets(gallery_engine, stream, methods=["image"], expansions=["none"])
     assert res["queries"] == 2 * distinct
     assert len(calls) == distinct
+
+
+def test_a_bad_gallery_id_on_the_command_line_is_one_sentence(capsys):
+    from engine.cli import main
+
+    rc = main(["search", "--index", "gallery", "--image", "gallery:../../etc/passwd", "--text", "red"])
+    err = capsys.readouterr().err
+    assert rc == 1
+    assert err.strip().splitlines() == ["error: bad gallery image 'gallery:../../etc/passwd'; expected gallery:ID "
+                                        "(an item number)"]
