@@ -366,7 +366,37 @@ def api_middleware(settings: Optional[Settings] = None) -> List:
 
     settings = settings or Settings()
     install_header_deadline(HEADER_DEADLINE_S)
+    install_error_sentences()
     return [Middleware(IdleBodyTimeout, idle_s=float(settings.body_idle_s) or IDLE_BODY_S)]
+
+
+CALL_NOT_UNDERSTOOD = ("the call's inputs are not of the types or number this function takes; see the API page "
+                       "(\"Use via API\") for each input")
+
+
+def install_error_sentences() -> None:
+    """Gradio answers an error it did not expect with ``{"error": null}`` when ``show_error`` is off (what
+    app.py sets, so no internal detail is shown): a call whose inputs Gradio itself cannot take (wrong types,
+    too few values) got no message at all. Such errors now get one plain sentence; the handlers' own
+    sentences (gr.Error) pass unchanged. Installed once per process."""
+    import gradio.queueing
+    import gradio.utils
+
+    original = gradio.utils.error_payload
+    if getattr(original, "_cis_sentences", False):
+        return
+
+    def error_payload(error, show_error):
+        content = original(error, show_error)
+        if content.get("error") is None:
+            log.info("a call failed before its handler ran (%s); answered with the plain sentence",
+                     error.__class__.__name__ if error is not None else "no error")
+            content["error"] = CALL_NOT_UNDERSTOOD
+        return content
+
+    error_payload._cis_sentences = True
+    gradio.utils.error_payload = error_payload
+    gradio.queueing.error_payload = error_payload
 
 
 def install_header_deadline(seconds: float = HEADER_DEADLINE_S) -> None:

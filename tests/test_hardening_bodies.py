@@ -184,3 +184,15 @@ def test_the_page_keeps_state_for_a_bounded_number_of_sessions():
     launch = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and getattr(n.func, "attr", "") == "launch"]
     assert launch and "state_session_capacity" in {k.arg for k in launch[0].keywords}
     assert 1 <= Settings().state_sessions <= 1000
+
+
+def test_gradio_calls_that_fail_before_their_handler_get_a_sentence_not_null():
+    gr = pytest.importorskip("gradio")
+    import gradio.queueing
+
+    api.install_error_sentences()
+    api.install_error_sentences()  # once per process, whatever the calls
+    payload = gradio.queueing.error_payload(ValueError("An event handler didn't receive enough input values"), False)
+    assert payload["error"] == api.CALL_NOT_UNDERSTOOD
+    assert gradio.queueing.error_payload(gr.Error("index a zip of photos first"), False)["error"] == \
+        "index a zip of photos first"
