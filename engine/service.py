@@ -2,6 +2,7 @@
 galleries built from uploaded zips. Plain functions, shared by the demo and the CLI."""
 from __future__ import annotations
 
+import errno
 import logging
 import shutil
 import threading
@@ -164,6 +165,13 @@ def build_session_engine(zip_path, base: SearchEngine, progress=None, index_type
         index_source(zip_path, out, base.backbone, index_type=index_type, settings=settings, progress=progress,
                      workers=0)
         return open_engine(out, backbone=base.backbone, settings=settings, models_from=base)
+    except OSError as exc:
+        shutil.rmtree(out, ignore_errors=True)
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):  # the server's to fix, told in one sentence, no traceback
+            log.warning("a zip session could not be indexed: the disk is full")
+            raise InputError("the server's disk is full, so your photos could not be indexed; try again later") \
+                from None
+        raise
     except Exception:
         shutil.rmtree(out, ignore_errors=True)
         raise

@@ -191,3 +191,24 @@ def test_a_damaged_defaults_record_is_ignored_in_one_line(bad, packaged, isolate
     assert d.nqe_fraction <= 1.0
     assert gallery_nqe(d.nqe_for("lattqe"), 384, d.nqe_fraction) >= 1  # a search can use it (was OverflowError)
     assert FALLBACK_FRACTION <= 1.0
+
+
+def test_a_full_disk_while_indexing_a_zip_session_is_one_sentence(gallery_engine, small_gallery, tmp_path,
+                                                                  monkeypatch, caplog):
+    import zipfile
+
+    from engine import service
+    from engine.errors import InputError
+
+    z = tmp_path / "photos.zip"
+    with zipfile.ZipFile(z, "w") as f:
+        for p in sorted(small_gallery.iterdir())[:2]:
+            f.write(p, p.name)
+
+    def full(*_a, **_k):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(service, "index_source", full)
+    with caplog.at_level(logging.WARNING), pytest.raises(InputError, match="disk is full"):
+        service.build_session_engine(z, gallery_engine)
+    assert not any(r.exc_info for r in caplog.records)
