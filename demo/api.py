@@ -253,7 +253,7 @@ class IdleBodyTimeout:
             if state["bytes"] > TRIM_AFTER_BYTES:  # a large body's buffers are freed now: hand the pages back
                 release_memory()
         except ClientGone:
-            log.info("%s %s: the client went away before its request body was in (%d bytes)", scope.get("method"),
+            log.warning("%s %s: the client went away before its request body was in (%d bytes)", scope.get("method"),
                      scope.get("path"), state["bytes"])
         except BodyTimeout as exc:
             log.warning("%s %s: %s; closed (408)", scope.get("method"), scope.get("path"), exc.sentence)
@@ -280,7 +280,7 @@ async def _admitted_body(request, pool_for: Admission, declared: int, limit: int
             buf += chunk
         return buf
     except ClientDisconnect:  # ClientGone from the middleware included
-        log.info("POST /api/search: the client went away before its request body was in")
+        log.warning("POST /api/search: the client went away before its request body was in")
         return "gone"
     finally:
         pool_for.leave(declared)
