@@ -26,6 +26,7 @@ DEFAULT_MAX_DECODE_BYTES = 128_000_000  # CIS_MAX_DECODE_MB: bytes one decode ma
 # what Image.open may identify: other Pillow formats (EPS through Ghostscript, PSD, ...) are never opened
 FORMATS = ("JPEG", "PNG", "WEBP", "BMP", "TIFF", "GIF")
 WORKING_SIDE = 1024  # decoded images are reduced so their short side is about this (draft/reduce), then bounded
+REFERENCE_SIDE = 384  # ... and a search's reference, which is only embedded (backbones take 224-336 pixels)
 
 ImageSource = Union[str, os.PathLike, bytes, Image.Image]
 
@@ -132,7 +133,7 @@ _PY_DECODERS = {"bmp_rle"}
 PY_DECODER_MAX_PIXELS = 2_000_000
 # every decode in the process holds its cost in this budget while it runs (CIS_DECODE_BUDGET_MB), so N
 # concurrent images cannot use more than it together; a decode that finds no room waits up to DECODE_WAIT_S
-DEFAULT_DECODE_BUDGET = 192_000_000
+DEFAULT_DECODE_BUDGET = 160_000_000
 DECODE_WAIT_S = 30.0
 BUSY_DECODING = "the server is decoding too many images at once; try again in a moment"
 OUTPUT_MAX_PIXELS = 16_000_000  # the decoded working copy handed on (preprocess, thumbnails) holds at most this
@@ -167,13 +168,13 @@ def _reduce_factor(size: tuple, side: int = WORKING_SIDE, out_max: int = OUTPUT_
     return factor if factor >= 2 else 1
 
 
-def decode_cost(size: tuple, mode: str, fmt: Optional[str]) -> int:
+def decode_cost(size: tuple, mode: str, fmt: Optional[str], side: int = WORKING_SIDE) -> int:
     """Bytes that decoding an image of this header needs at its peak: the decoded pixels in their real mode
     (16-bit, alpha and CMYK count four bytes a pixel, palette and 1-bit one), twice for decoders that keep
     their own full buffer, plus the 8-bit RGB working copy made from it when it is converted or reduced."""
     w, h = size
     decoded = w * h * bytes_per_pixel(mode) * (2 if fmt in _DOUBLE_BUFFERED else 1)
-    factor = _reduce_factor(size)
+    factor = _reduce_factor(size, side)
     copy = 0 if (mode == "RGB" and factor == 1) else (w // factor) * (h // factor) * 4
     return decoded + copy
 
@@ -372,6 +373,7 @@ def load_image(
     max_aspect: float = DEFAULT_MAX_ASPECT,
     max_frames: int = DEFAULT_MAX_FRAMES,
     max_decode_bytes: int = DEFAULT_MAX_DECODE_BYTES,
+    side: int = WORKING_SIDE,
 ) -> Image.Image:
     """Decode an image within bounded memory; an 8-bit RGB image, or InputError with one sentence.
 
@@ -380,11 +382,13 @@ def load_image(
     gif), pixels, aspect ratio, frames, and the bytes decoding would need in the image's real mode
     (:func:`decode_cost`) against ``max_decode_bytes``. JPEGs are decoded at a reduced scale (``draft``);
     other images are decoded, then turned into RGB and reduced a strip at a time (:func:`to_rgb`), so the
-    returned image's short side is at most about 2 x WORKING_SIDE and it holds at most OUTPUT_MAX_PIXELS."""
+    returned image's short side is at most about 2 x ``side`` and it holds at most OUTPUT_MAX_PIXELS. A caller
+    that only embeds the image (a search's reference) passes a smaller ``side`` (REFERENCE_SIDE): the copy it
+    holds while the image is preprocessed is then small, and so is what concurrent searches hold together."""
     if isinstance(source, Image.Image):
         check_header(source, "image", max_pixels, max_aspect, max_frames)
         orientation = _orientation(source)
-        out = to_rgb(source, _reduce_factor(source.size))
+        out = to_rgb(source, _reduce_factor(source.size, side))
         return out.transpose(_TRANSPOSE[orientation]) if orientation in _TRANSPOSE else out
     data = read_bytes(source, max_bytes)
     name = Path(source).name if not isinstance(source, bytes) else "the file"
@@ -405,10 +409,10 @@ def load_image(
                                      f"slow to decode and limited to {PY_DECODER_MAX_PIXELS:,} pixels; save it "
                                      "as a png or jpg")
                 full = w * h * bytes_per_pixel(img.mode)  # the Python decoder's own buffer
-            if img.format in ("JPEG", "MPO") and min(img.size) > 2 * WORKING_SIDE:
-                img.draft("RGB", (WORKING_SIDE, WORKING_SIDE))  # DCT scaling: decodes at 1/2, 1/4 or 1/8
+            if img.format in ("JPEG", "MPO") and min(img.size) > 2 * side:
+                img.draft("RGB", (side, side))  # DCT scaling: decodes at 1/2, 1/4 or 1/8
             try:
-                cost = decode_cost(img.size, img.mode, img.format) + full
+                cost = decode_cost(img.size, img.mode, img.format, side) + full
             except KeyError:
                 raise InputError(f"{name} uses the {img.mode} colour mode, which this app cannot read; save it "
                                  "as an 8-bit RGB or grayscale jpg or png") from None
@@ -420,7 +424,7 @@ def load_image(
             with BUDGET.hold(cost):  # bytes in flight, process-wide: the decode and its RGB copy
                 img.load()
                 try:
-                    out = to_rgb(img, _reduce_factor(img.size))
+                    out = to_rgb(img, _reduce_factor(img.size, side))
                 except InputError:
                     raise
                 except (OSError, ValueError) as exc:

@@ -22,7 +22,7 @@ from .checkpoints import refusals
 from .errors import CheckpointError, EngineError, InputError
 from .expand import EXPANDERS, Expander, ExpanderUnavailable
 from .expand.base import Expansion
-from .images import DEFAULT_MAX_BYTES, decode_limits, load_image
+from .images import DEFAULT_MAX_BYTES, REFERENCE_SIDE, decode_limits, load_image
 from .index.store import GalleryIndex
 from .share import ReferenceStore
 
@@ -200,7 +200,8 @@ class SearchEngine:
             data = read_bytes(image, int(self.settings.max_upload_mb * 1e6))
             key = hashlib.sha256(data).hexdigest()
             image = data
-        return self._cached_features(key, lambda: load_image(image, **decode_limits(self.settings)))
+        return self._cached_features(key, lambda: load_image(image, **decode_limits(self.settings),
+                                                             side=REFERENCE_SIDE))  # only embedded: a small copy
 
     def gallery_features(self, item_id: int):
         if not 0 <= item_id < len(self.index):
@@ -211,7 +212,8 @@ class SearchEngine:
             path = self.index.image_path(item_id)
             if not path.exists():
                 path = self.index.display_path(item_id)
-            return load_image(path, **{**decode_limits(self.settings), "max_bytes": DEFAULT_MAX_BYTES})
+            return load_image(path, **{**decode_limits(self.settings), "max_bytes": DEFAULT_MAX_BYTES},
+                              side=REFERENCE_SIDE)
 
         return self._cached_features(key, load)
 

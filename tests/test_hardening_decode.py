@@ -80,3 +80,22 @@ def test_a_decode_larger_than_the_budget_runs_alone_rather_than_never():
     with budget.hold(5000):
         assert budget.used == 1000
     assert budget.used == 0
+
+
+def test_a_search_reference_is_decoded_to_a_small_working_copy(gallery_engine, monkeypatch):
+    # the copy a search holds while it preprocesses is what ten concurrent searches hold together
+    import engine.search as search_mod
+
+    seen = {}
+    real = search_mod.load_image
+
+    def spy(source, **kw):
+        out = real(source, **kw)
+        seen["size"] = out.size
+        return out
+
+    monkeypatch.setattr(search_mod, "load_image", spy)
+    gallery_engine.reference_features(hb.png(3000, 2400, tag=b"reference-side"))
+    assert max(seen["size"]) <= 2 * images.REFERENCE_SIDE * 3000 // 2400
+    assert min(seen["size"]) <= 2 * images.REFERENCE_SIDE
+    assert images.load_image(hb.png(3000, 2400)).size == (3000, 2400)  # the default working copy is larger
