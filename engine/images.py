@@ -420,9 +420,9 @@ def load_image(
                 w, h = full_size
                 raise InputError(f"{name} ({w}x{h} pixels, {_mode_name(img.mode)}) needs {cost / 1e6:.0f} MB to "
                                  f"decode; the limit is {max_decode_bytes / 1e6:.0f} MB")
-            orientation = _orientation(img)
             with BUDGET.hold(cost):  # bytes in flight, process-wide: the decode and its RGB copy
                 img.load()
+                orientation = _orientation(img)  # after load: a PNG's getexif() decodes the whole image
                 try:
                     out = to_rgb(img, _reduce_factor(img.size, side))
                 except InputError:

@@ -99,3 +99,22 @@ def test_a_search_reference_is_decoded_to_a_small_working_copy(gallery_engine, m
     assert min(seen["size"]) < 4 * images.REFERENCE_SIDE  # an integer box factor: between 2 and 4 x the side
     assert seen["size"][0] * seen["size"][1] <= 3000 * 2400 // 4
     assert images.load_image(hb.png(3000, 2400)).size == (3000, 2400)  # the default working copy is larger
+
+
+def test_every_pixel_decode_happens_inside_the_budget(monkeypatch):
+    # a PNG's getexif() decodes the whole image: it ran before the budget was held, so ten threads held ten
+    # decoded images whatever the budget
+    from PIL import ImageFile
+
+    seen = []
+    real = ImageFile.ImageFile.load
+
+    def load(self):
+        seen.append(images.BUDGET.used)
+        return real(self)
+
+    monkeypatch.setattr(ImageFile.ImageFile, "load", load)
+    for data in (hb.png(1200, 900), _jpeg(1200, 900, True), hb.rle_bmp(600, 400)):
+        seen.clear()
+        images.load_image(data)
+        assert seen and all(used > 0 for used in seen), seen
