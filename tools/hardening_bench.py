@@ -553,7 +553,10 @@ def _damage(damage: str, idx: Path, ck: Path) -> None:
     if damage == "long CURRENT":
         (idx / "CURRENT").write_text("v" * 300 + "\n")
     elif damage in ("NaN cache row", "reversed cache rows"):
-        cache = next(p for p in idx.rglob("cache") if p.is_dir())
+        from engine.index.shards import cache_folder
+        from engine.index.store import GalleryIndex
+
+        cache = cache_folder(idx, GalleryIndex.load(idx, build_vectors=False).fingerprint)
         known = read_shards(cache)
         hashes = sorted(known)
         embs = np.stack([known[h][0] for h in (reversed(hashes) if damage.startswith("reversed") else hashes)])
