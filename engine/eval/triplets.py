@@ -223,6 +223,60 @@ class _References:
         self.bytes = 0
         self.encoded = 0
 
+    def prefetch(self, refs: Iterable, batch: int = 32) -> None:
+        """Encode the block's references not yet kept in batches of ``batch`` (one forward pass each, not one
+        per reference) into the engine's feature cache, where :meth:`get` (through the engine's
+        ``reference_features``) finds them; a reference that cannot be read is left to :meth:`get`, which
+        names the problem."""
+        from ..images import DEFAULT_MAX_BYTES, REFERENCE_SIDE, decode_limits, load_image, read_bytes, sha256_file
+
+        engine, todo, seen = self.engine, [], set()
+        limits = decode_limits(engine.settings)
+        for ref in refs:
+            key = ref if isinstance(ref, int) else str(ref)
+            if ref is None or key in self.kept or key in seen:
+                continue
+            seen.add(key)
+            try:
+                if isinstance(ref, int):
+                    sha = engine.index.items[ref]["sha256"]
+                    if sha in engine.cache:
+                        continue
+                    path = engine.index.image_path(ref)
+                    img = load_image(path if path.exists() else engine.index.display_path(ref),
+                                     **{**limits, "max_bytes": DEFAULT_MAX_BYTES}, side=REFERENCE_SIDE)
+                else:
+                    sha = sha256_file(ref)
+                    if sha in engine.cache:
+                        continue
+                    img = load_image(read_bytes(ref, limits["max_bytes"]), **limits, side=REFERENCE_SIDE)
+            except (InputError, OSError, IndexError):
+                continue
+            todo.append((sha, engine.backbone.preprocess(img), ref))
+            if len(todo) >= batch:
+                self._encode(todo)
+                todo = []
+        if todo:
+            self._encode(todo)
+
+    def _encode(self, todo: list) -> None:
+        with torch.no_grad():
+            emb, tokens = self.engine.backbone.encode_images_with_tokens(torch.stack([t[1] for t in todo]))
+        for (sha, _, ref), e, t in zip(todo, emb, tokens):
+            self.engine.cache.put(sha, (e.float().cpu(), t.float().cpu()))
+            self.encoded += 1
+            try:
+                self.get(ref)  # kept for the run now, before the engine's (smaller) cache can drop it
+            except InputError:
+                pass
+    def _keep(self, key, value: tuple) -> None:
+        e, t, _ = value
+        self.kept[key] = value
+        self.bytes += e.numel() * e.element_size() + t.numel() * t.element_size()
+        while self.bytes > self.max_bytes and len(self.kept) > 1:
+            _, (e, t, _) = self.kept.popitem(last=False)
+            self.bytes -= e.numel() * e.element_size() + t.numel() * t.element_size()
+
     def get(self, ref) -> tuple:
         key = ref if isinstance(ref, int) else str(ref)
         hit = self.kept.get(key)
@@ -245,13 +299,7 @@ class _References:
                 raise
             raise InputError(f"reference image {Path(ref).name}: {exc}") from None
         value = (emb, tokens, exclude)
-        self.encoded += 1
-        size = emb.numel() * emb.element_size() + tokens.numel() * tokens.element_size()
-        self.kept[key] = value
-        self.bytes += size
-        while self.bytes > self.max_bytes and len(self.kept) > 1:
-            _, (e, t, _) = self.kept.popitem(last=False)
-            self.bytes -= e.numel() * e.element_size() + t.numel() * t.element_size()
+        self._keep(key, value)
         return value
 
 
@@ -288,6 +336,7 @@ def evaluate_triplets(engine, triplets: Iterable[Triplet], nqe: int = 8, alpha: 
     total = 0
     refs = _References(engine, by_sha)
     for chunk in _chunks(triplets, block):
+        refs.prefetch(t.reference for t in chunk)
         feats, kept = [], []
         for t in chunk:
             try:
