@@ -24,18 +24,20 @@ import base64
 import binascii
 import json
 import logging
-import math
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import List, Optional
 
 from engine.config import Settings
 from engine.errors import EngineError, InputError
-from engine.search import DEFAULT_NQE, SearchEngine, search
+from engine.query import FIELDS as QUERY_FIELDS
+from engine.query import SearchRequest, gallery_reference
+from engine.search import SearchEngine
+from engine.search import run as run_request
 
 from .handlers import plain_message
 
-FIELDS = {"image", "text", "method", "alpha", "k", "expand", "nqe", "negative_text", "keep_reference", "explain"}
+FIELDS = set(QUERY_FIELDS)  # the body's fields are the query object's (engine.query.SearchRequest)
 BUSY = "the server is busy; try again in a moment"
 MAX_BODIES_READ = 16  # request bodies read at once; more wait for none: 503 before their bodies are read
 BODY_BYTES_FACTOR = 2  # ... and at most this many bodies at the size limit in all (declared Content-Length)
@@ -80,35 +82,11 @@ def parse_body(body: bytes):
         raise InputError("the request body is not valid JSON") from None
 
 
-def _string(payload: dict, name: str, required: bool = False) -> Optional[str]:
-    value = payload.get(name)
-    if value is None:
-        if required:
-            raise InputError(f"{name} must be a string")
-        return None
-    if not isinstance(value, str):
-        raise InputError(f"{name} must be a string or null, not {type(value).__name__}")
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        raise InputError(f"{name} holds a lone surrogate (an invalid \\ud800-\\udfff escape); send valid "
-                         "Unicode text") from None
-    return value
-
-
-def _number(payload: dict, name: str, default, integer: bool = False, nullable: bool = False):
-    value = payload.get(name, default)
-    if value is None and nullable:
-        return None
-    ok = isinstance(value, int) if integer else isinstance(value, (int, float))
-    if isinstance(value, bool) or not ok or (not integer and not math.isfinite(value)):
-        raise InputError(f"{name} must be {'an integer' if integer else 'a finite number'}")
-    return value
-
-
-def search_kwargs(payload, settings: Settings) -> dict:
-    """The keyword arguments of :func:`search` for a request body (already decoded from JSON); every
-    field's type is checked here, so a client's mistake is a 400 with one sentence."""
+def parse_request(payload, settings: Settings) -> SearchRequest:
+    """The request body (already decoded from JSON) as the one query object: the body's own shape (an object,
+    known fields, the image as ``gallery:ID`` or base64) is checked here, every value by the one validation
+    (:meth:`SearchRequest.build`, the same limits and sentences as the page, the Gradio API and the CLI; a
+    value out of range is clamped and said in the response's ``notices``)."""
     if not isinstance(payload, dict):
         raise InputError("the request body must be a JSON object")
     unknown = sorted(set(payload) - FIELDS)
@@ -119,10 +97,7 @@ def search_kwargs(payload, settings: Settings) -> dict:
         if not isinstance(image, str) or not image:
             raise InputError("image must be \"gallery:ID\" or the base64 of an image file")
         if image.startswith("gallery:"):
-            try:
-                image = int(image[len("gallery:"):])
-            except ValueError:
-                raise InputError(f"bad gallery image {image[:40]!r}; expected gallery:ID") from None
+            image = gallery_reference(image)
         else:
             limit = int(settings.max_upload_mb * 1e6)
             if len(image) > limit * 4 // 3 + 4:
@@ -132,15 +107,15 @@ def search_kwargs(payload, settings: Settings) -> dict:
                 image = base64.b64decode(image, validate=True)
             except (binascii.Error, ValueError):
                 raise InputError("image is neither gallery:ID nor valid base64") from None
-    for name in ("keep_reference", "explain"):
-        if name in payload and not isinstance(payload[name], bool):
-            raise InputError(f"{name} must be true or false")
-    return {"image": image, "text": _string(payload, "text"), "method": _string(payload, "method"),
-            "alpha": _number(payload, "alpha", 0.5), "k": _number(payload, "k", 12, integer=True),
-            "expand": _string(payload, "expand") or "none",
-            "nqe": _number(payload, "nqe", DEFAULT_NQE, integer=True, nullable=True),
-            "negative_text": _string(payload, "negative_text"),
-            "explain": payload.get("explain", True), "exclude_reference": not payload.get("keep_reference", False)}
+    for name in ("method", "expand"):
+        if payload.get(name) is not None and not isinstance(payload[name], str):
+            raise InputError(f"{name} must be a string or null, not {type(payload[name]).__name__}")
+    return SearchRequest.build(settings.max_text_chars, **{**payload, "image": image})
+
+
+def search_kwargs(payload, settings: Settings) -> dict:
+    """The keyword arguments of :func:`search` for a request body (:func:`parse_request`)."""
+    return parse_request(payload, settings).search_kwargs()
 
 
 def release_memory() -> None:
@@ -313,10 +288,10 @@ def search_route(engine: SearchEngine, settings: Optional[Settings] = None, work
         big = len(holder[0]) > TRIM_AFTER_BYTES
         try:
             payload = parse_body(holder.pop())  # the only reference: the body goes once parsed
-            kwargs = search_kwargs(payload, settings)
+            request = parse_request(payload, settings)
             del payload
-            resp = search(engine, **kwargs)
-            del kwargs
+            resp = run_request(engine, request)
+            del request
             return json.dumps(resp.to_json()).encode()
         finally:
             if big:

@@ -36,7 +36,7 @@ def code(text) -> str:
     """Text shown as code: a Markdown code span for plain names (``ics-64``), an escaped ``<code>``
     element for anything holding characters a code span would not make inert."""
     text = " ".join(str(text if text is not None else "").split())
-    if re.fullmatch(r"[\w.:/+@=,() -]*", text):
+    if re.fullmatch(r"[\w.:/+@=,()* -]*", text):
         return f"`{text}`"
     return f"<code>{esc(text)}</code>"
 
@@ -92,16 +92,40 @@ def explanation_markdown(resp: SearchResponse) -> str:
     return explanation_markdown_json(resp.to_json())
 
 
+UNFAMILIAR = 0.5  # a familiarity under this is what the note calls "unlike its training data"
+
+
+def zero_trust_reason(comp: dict) -> str:
+    """Why a learned composer used none of its own correction, in words that agree with the figures shown
+    beside them: the operation the router read (when it decided), else only the input whose familiarity is
+    low is called unlike the training data."""
+    op = comp.get("operation") or {}
+    if isinstance(op, dict) and op.get("name") and float(op.get("trust", 1) or 0) <= 0.0:
+        return f"validation showed it does not help with “{esc(op['name'])}” edits"
+    text_low = float(comp.get("text_familiarity", 1)) < UNFAMILIAR
+    image_low = float(comp.get("image_familiarity", 1)) < UNFAMILIAR
+    if text_low and image_low:
+        return "the text and the picture are unlike its training data"
+    if text_low:
+        return "the text is unlike its training data"
+    if image_low:
+        return "the picture is unlike its training data"
+    if op.get("name"):
+        return f"validation showed little gain from it on “{esc(op['name'])}” edits"
+    return "its correction is not trusted for this query"
+
+
 def anchor_lines(comp: dict) -> list:
     """How much of a learned composer's own correction this query used (engine.compose.anchor): 0 % is the
     training-free weighted sum, used where the text or the picture is unlike the composer's training data."""
     out = []
+    if (comp.get("automatic") or {}).get("says"):
+        out.append(esc(comp["automatic"]["says"]))
     if comp.get("prior_only"):
         out.append(f"**Weighted sum used:** {esc(comp['prior_only'])}")
     elif isinstance(comp.get("trust"), (int, float)):
         share = float(comp["trust"])
-        why = ("the text and picture are unlike its training data, so this is the weighted sum" if share == 0 else
-               "the rest is the weighted sum")
+        why = zero_trust_reason(comp) + ", so this is the weighted sum" if share == 0 else "the rest is the weighted sum"
         out.append(f"**Learned correction used:** {share:.0%} ({why}; text familiarity "
                    f"{float(comp.get('text_familiarity', 0)):.2f}, image familiarity "
                    f"{float(comp.get('image_familiarity', 0)):.2f})")
@@ -123,8 +147,8 @@ def explanation_markdown_json(data: dict) -> str:
         if comp.get(key) is not None:
             val = comp[key]
             shown = esc(f"{val:.3f}" if isinstance(val, float) else val)
-            if key == "formula":  # code span: keeps '*' from turning into markdown emphasis
-                shown = f"<code>{shown}</code>"
+            if key == "formula":  # a code span: '*' stays '*' (no emphasis, no character reference)
+                shown = code(val)
             lines.append(f"**{esc(key.replace('_', ' '))}:** {shown}")
     if comp.get("top_changed_channels"):
         lines.append("**Channels changed most:** " + ", ".join(
@@ -148,7 +172,7 @@ def explanation_markdown_json(data: dict) -> str:
     if table:
         lines.append(table)
     t = data.get("timings_ms", {})
-    stages = ", ".join(f"{esc(k)} {v:.1f} ms" for k, v in t.items() if k != "image_cache_hit")
+    stages = ", ".join(f"{esc(k.replace('_', ' '))} {v:.1f} ms" for k, v in t.items() if k != "image_cache_hit")
     hit = " (reference features from cache)" if t.get("image_cache_hit") else ""
     lines.append(f"**Timings:** {stages}{hit}")
     return "\n\n".join(lines)
@@ -236,10 +260,19 @@ def backbone_markdown(engine: SearchEngine) -> str:
 
 
 def default_method_note(engine: SearchEngine) -> str:
-    """One short line: the page's default method (``engine.default_method``, the same for the CLI and the JSON
-    API) and how it was chosen (``engine.defaults.why()``)."""
+    """One plain sentence under the method menu: the method in use (``engine.default_method``, the same for the
+    CLI and the JSON API) and why, in a stakeholder's words; the figures behind it (``engine.defaults.why()``)
+    are in "About this engine"."""
     method = engine.default_method
-    return f"Default method: **{esc(LABELS.get(method, method))}**, {esc(engine.defaults.why())}."
+    if method == "auto":
+        why = ("for each request it uses the method that did best on that kind of change (a new object, a colour, "
+               "night, ...) when tested on photos and wordings it had never seen")
+    elif getattr(engine.defaults, "source", None):
+        why = ("it found the right photos most often when tested on photos and wordings it had never seen, so it "
+               "is the default here")
+    else:
+        why = "it needs no training, so it works the same on any photos"
+    return f"Method in use: **{esc(LABELS.get(method, method))}**. Why: {why}."
 
 
 def _model_words(b: dict) -> str:
@@ -259,7 +292,8 @@ def plain_summary(engine: SearchEngine) -> str:
     n = engine.index.stats()["items"]
     text = f"Searching **{n} photos** with {_model_words(b)}."
     if str(b.get("why", "")).startswith("offline fallback"):
-        text += " The full-size model could not be loaded, so this smaller one stands in (see *About this engine*)."
+        text += (" This is the compact model that works without a network connection; a larger model is used "
+                 "when one is installed (see *About this engine*).")
     return text
 
 
@@ -326,24 +360,24 @@ def column_dom_id(key: str) -> str:
     return "compare-col-" + re.sub(r"[^A-Za-z0-9_-]", "-", key)
 
 
-def shared_threshold(data: dict) -> int:
-    """How many columns must have found an image for it to be marked: most of the columns that returned
-    results (and at least two). Found by two of ten methods is what most results are; found by most of
-    them says something."""
-    ran = sum(1 for c in data.get("columns", []) if not c.get("error"))
-    return max(2, ran // 2 + 1)
+def compare_marks(data: dict) -> Tuple[dict, dict, int]:
+    """(gallery id -> how many different answers found it, for the results a minority found; column key -> the
+    key of the identical earlier column; how many different answers there are), from the compare JSON."""
+    minority = {int(i): int(n) for i, n in (data.get("minority") or {}).items()}
+    return minority, dict(data.get("same_as") or {}), int(data.get("answers") or 0)
 
 
 def compare_html(image_for, data: dict) -> str:
-    """Compare mode as HTML: a responsive grid of columns (one per method), per-method timings,
-    results found by several columns outlined and badged (not by colour alone), captions as alt text
-    and the score breakdown as each image's tooltip. ``image_for(id)`` gives the file to show."""
+    """Compare mode as HTML: a responsive grid of columns (one per method), per-method timings, the results
+    that only a minority of the methods found outlined and labelled in words (not by colour alone), a column
+    identical to an earlier one said as "Same results as ..." instead of repeated, captions as alt text and
+    the score breakdown as each image's tooltip. ``image_for(id)`` gives the file to show."""
     cols = data.get("columns", [])
-    shared = {int(i): keys for i, keys in (data.get("shared") or {}).items()}
-    need = shared_threshold(data)
-    out = [f'<div class="cmp-summary" role="status">{len(cols)} methods in {data.get("wall_ms", 0):.0f} ms'
-           f' · <span class="cmp-shared-key">outlined ⧉N</span> = found by N methods, marked when most'
-           f' of them ({need} or more) found it</div>',
+    minority, same, answers = compare_marks(data)
+    labels = {c["key"]: c["label"] for c in cols}
+    key = (f' · <span class="cmp-shared-key">outlined</span>: found by fewer than half of the {answers} different '
+           'answers' if answers > 2 else "")
+    out = [f'<div class="cmp-summary" role="status">{len(cols)} methods in {data.get("wall_ms", 0):.0f} ms{key}</div>',
            '<div class="cmp-grid">']
     for c in cols:
         resp = c.get("response") or {}
@@ -351,21 +385,24 @@ def compare_html(image_for, data: dict) -> str:
         comp = (resp.get("explanation") or {}).get("composer", {}) if resp else {}
         if comp.get("prompt") and c["method"] == "context-i2w":
             extra += f'<div class="cmp-note">prompt: <code>{esc(comp["prompt"])}</code></div>'
-        if comp.get("gate_mean") is not None:
-            extra += f'<div class="cmp-note">gate mean: {float(comp["gate_mean"]):.3f}</div>'
         out.append(f'<section class="cmp-col" id="{column_dom_id(c["key"])}" data-method="{esc(c["method"])}" '
                    f'data-expand="{esc(c["expand"])}" aria-label="{esc(c["label"])}">')
         out.append(f'<h3>{esc(c["label"])} <span class="cmp-time">{c["wall_ms"]:.0f} ms</span></h3>{extra}')
         if c.get("error"):
             out.append(f'<p class="cmp-error">Not run: {esc(c["error"])}</p></section>')
             continue
+        if c["key"] in same:
+            out.append(f'<p class="cmp-same" data-same-as="{esc(same[c["key"]])}">Same results as '
+                       f'{esc(labels.get(same[c["key"]], same[c["key"]]))}.</p></section>')
+            continue
         out.append('<ol class="cmp-list">')
         for r in resp.get("results", []):
-            n = len(shared.get(int(r["id"]), []))
-            cls = "cmp-item shared" if n >= need else "cmp-item"
-            badge = f'<span class="cmp-badge" title="found by {n} methods">⧉{n}</span>' if n >= need else ""
+            n = minority.get(int(r["id"]))
+            cls = "cmp-item shared" if n else "cmp-item"
+            badge = (f'<span class="cmp-badge" title="found by {n} of the {answers} different answers">'
+                     f'{n} of {answers}</span>' if n else "")
             cap = r.get("caption") or r["path"]
-            out.append(f'<li class="{cls}" data-id="{int(r["id"])}" data-shared="{n}">'
+            out.append(f'<li class="{cls}" data-id="{int(r["id"])}" data-found="{n or 0}">'
                        f'<img src="{esc(file_url(image_for(int(r["id"]))))}" alt="{esc(cap)}" '
                        f'title="{esc(_why_title(r))}">'
                        f'<span class="cmp-cap">#{r["rank"]} · {float(r["score"]):.3f} {badge}<br>{esc(cap)}</span></li>')
@@ -375,14 +412,18 @@ def compare_html(image_for, data: dict) -> str:
 
 
 def compare_summary_markdown(data: dict) -> str:
-    """Explanation panel text after a compare run: timings per method and the shared results."""
+    """Explanation panel text after a compare run: timings per method, identical columns, and how many results
+    only a minority of the methods found."""
     lines = ["**Compare mode** — the same query through every available method."]
+    minority, same, answers = compare_marks(data)
+    labels = {c["key"]: c["label"] for c in data.get("columns", [])}
     for c in data.get("columns", []):
-        state = f"not run: {esc(c['error'])}" if c.get("error") else f"{len((c.get('response') or {}).get('results', []))} results"
+        n = len((c.get("response") or {}).get("results", []))
+        state = (f"not run: {esc(c['error'])}" if c.get("error") else
+                 f"same results as {esc(labels.get(same[c['key']], same[c['key']]))}" if c["key"] in same else
+                 f"{n} results")
         lines.append(f"- {esc(c['label'])}: {c['wall_ms']:.0f} ms, {state}")
-    need = shared_threshold(data)
-    most = sum(1 for keys in (data.get("shared") or {}).values() if len(keys) >= need)
     lines.append("")   # a blank line: the total is its own paragraph, not part of the last bullet
-    lines.append(f"**Total:** {data.get('wall_ms', 0):.0f} ms · {most} images found by most methods "
-                 f"({need} or more)")
+    lines.append(f"**Total:** {data.get('wall_ms', 0):.0f} ms · {answers} different answers · {len(minority)} "
+                 "images found by fewer than half of them")
     return "\n".join(lines)

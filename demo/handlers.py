@@ -1,4 +1,5 @@
 """Event handlers: plain functions from UI values to UI values. They call the engine's one `search`."""
+import copy
 import functools
 import html
 import json
@@ -14,9 +15,11 @@ from typing import Any, Optional
 import gradio as gr
 
 from engine.errors import EngineError
-from engine.search import SearchEngine, search
+from engine.search import SearchEngine
 from engine.service import open_session, session_engine, session_index_types
-from engine.share import from_query_string, reference_file, resolve_reference, state_for, to_query_string
+from engine.query import SearchRequest
+from engine.search import run as run_request
+from engine.share import from_query_string, reference_file, request_for, state_for, to_query_string
 
 from .formatting import (EXPANDER_LABELS, LABELS, backbone_markdown, compare_html, compare_summary_markdown, esc, explanation_markdown,
                          gallery_items, index_markdown, plain_summary)
@@ -72,18 +75,81 @@ def expansion_name(lattqe_on: bool, expander: Optional[str]) -> str:
     return expander or "none"
 
 
+def page_request(engine: SearchEngine, image, text, method, alpha, k, lattqe_on, expander, nqe,
+                 exclude_reference=True) -> SearchRequest:
+    """The page's (and the Gradio API's) values as the one query object; the one validation
+    (:meth:`SearchRequest.build`) checks them as it does for every route."""
+    return SearchRequest.build(engine.settings.max_text_chars, image=image or None, text=text,
+                               method=method or None, alpha=alpha, k=k,
+                               expand=expansion_name(bool(lattqe_on), expander), nqe=nqe or 0,
+                               keep_reference=exclude_reference is False, explain=True)
+
+
+def say_notices(notices) -> None:
+    """What the one validation changed (a clamped value), said in the page (a toast) as well as in the
+    response's notices."""
+    for n in notices or []:
+        gr.Warning(html.escape(n, quote=False))
+
+
 def run_search(engine: SearchEngine, image, text, method, alpha, k, lattqe_on, expander, nqe,
                exclude_reference=True):
-    """Returns (gallery items, explanation markdown, results JSON, result ids)."""
+    """Returns (gallery items, explanation markdown, results JSON, result ids, the run): the run is the page's
+    state of this search (:func:`run_record`), read by the steps after it."""
     own = engine is None or isinstance(engine, str)
     engine = session_engine(engine)
     if engine is None:
         raise EngineError("index a zip of photos first")
-    resp = search(engine, image=image or None, text=text, method=method or None, alpha=float(alpha), k=int(k),
-                  expand=expansion_name(bool(lattqe_on), expander), nqe=int(nqe or 0), explain=True,
-                  exclude_reference=exclude_reference is not False)
+    req = page_request(engine, image, text, method, alpha, k, lattqe_on, expander, nqe, exclude_reference)
+    resp = run_request(engine, req)
+    say_notices(req.notices)
+    data = resp.to_json()
     return (gallery_items(engine, resp, thumbs_only=own), explanation_markdown(resp),
-            json.dumps(resp.to_json(), indent=2), [r.id for r in resp.results])
+            json.dumps(data, indent=2), [r.id for r in resp.results], run_record("search", req, data))
+
+
+def run_record(view: str, request: SearchRequest, data: dict) -> dict:
+    """The page's state after a run (a gr.State): the view, the request exactly as searched and the response
+    (``SearchResponse.to_json()`` or the compare JSON). History, share link, exports and the expansion note
+    read it; nothing parses the JSON text shown to the user."""
+    return {"view": view, "request": request, "data": data}
+
+
+def searched_values(run):
+    """The number boxes (k, α, nQE) after a run: the values searched, so a clamped value shows as it was used."""
+    req = run.get("request") if isinstance(run, dict) else None
+    if not isinstance(req, SearchRequest):
+        return gr.skip(), gr.skip(), gr.skip()
+    return req.k, req.alpha, req.nqe
+
+
+def reference_problem(engine: SearchEngine, path) -> Optional[str]:
+    """The sentence for an uploaded reference that cannot be used (not an image, too large), or None: the
+    same check, and so the same sentence, as a search with it would give."""
+    from engine.images import decode_limits, load_image, read_bytes
+
+    if not path:
+        return None
+    try:  # the reads and limits of SearchEngine.reference_features, without encoding the image
+        load_image(read_bytes(path, int(engine.settings.max_upload_mb * 1e6)), **decode_limits(engine.settings))
+    except EngineError as exc:
+        return plain_message(exc)
+    return None
+
+
+def reference_checked(engine: SearchEngine):
+    """Handler for an upload into the reference box: a file that is not an image is said at once (and the box
+    emptied), not only after Search."""
+
+    def check(path):
+        problem = reference_problem(engine, path)
+        if problem is None:
+            return gr.skip()
+        log.warning("user mistake: %s", problem)
+        gr.Warning(html.escape(problem, quote=False))
+        return None
+
+    return check
 
 
 def reference_picker(engine: SearchEngine):
@@ -210,26 +276,25 @@ EXPANSION_HELP = ("re-form the query from its top results, then search again. AQ
                   "weighted by its similarity to the query")
 
 
-def expansion_done(raw) -> str:
-    """The line under the LAttQE box after a search: what expansion did for that query (empty without one)."""
+def expansion_done(run) -> str:
+    """The line under the LAttQE box after a search: what expansion did for that query (empty without one).
+    ``run``: the page's state of the last run (:func:`run_record`)."""
     from .formatting import expansion_note
 
-    try:
-        data = json.loads(raw) if raw else None
-    except ValueError:
-        data = None
+    data = run.get("data") if isinstance(run, dict) else None
     note = expansion_note(data if isinstance(data, dict) and "results" in data else None)
     return gr.update(value=note, visible=bool(note))  # no empty box under LAttQE when nothing was expanded
 
 
 # -- examples and the gallery picker ----------------------------------------------------------------
-# The bundled gallery's examples: (photo, text, labels that make a result right). Each has right answers in
-# the gallery; tests/test_examples_prebuilt.py checks that the page's default method finds at least 3 in its top 5.
+# The bundled gallery's examples: (photo, text, labels that make a result right), one per edit the page's tagline
+# names. Each has at least 4 right answers in the gallery (judged by eye, docs/gallery.md), and
+# tests/test_examples_prebuilt.py checks that the page's default method finds at least 4 of them in its top 5.
 EXAMPLES = [
-    ("animals/brown-slug.jpg", "a fish instead", {"fish"}),
-    ("food/coffee.jpg", "a fruit instead", {"fruit"}),
-    ("music/guitar.jpg", "a cello instead", {"cello", "string instrument"}),
-    ("plants/cep.jpg", "a fruit instead", {"fruit"}),
+    ("products/yellow-plimsolls-3.jpg", "the same shoes but white", {"white shoes"}),
+    ("buildings/empire-state-building.jpg", "at night", {"night"}),
+    ("buildings/india-gate.jpg", "as a black and white photo", {"black and white"}),
+    ("tools/measuring-tape-2.jpg", "a hammer instead", {"hammer"}),
 ]
 GENERIC_TEXTS = ["the same but red", "at night", "a bigger one", "in the snow"]
 
@@ -314,19 +379,23 @@ def shown_file(fn):
 
 # -- compare mode, shareable links, history, export ----------------------------------------
 HISTORY_MAX = 10
-UI_MAX_K, UI_MAX_NQE = 48, 128  # slider ranges; a restored link is clamped to them
 
 
 def run_compare(engine: SearchEngine, image, text, alpha, k, lattqe_on, nqe, exclude_reference=True):
-    """Compare mode: returns (compare HTML, compare JSON). LAttQE columns are added when the LAttQE
+    """Compare mode: returns (compare HTML, compare JSON, the run). LAttQE columns are added when the LAttQE
     box is ticked and LAttQE is available."""
-    from engine.compare import compare
+    req = page_request(engine, image, text, None, alpha, k, False, "none", nqe, exclude_reference)
+    return compare_request_run(engine, req, bool(lattqe_on))
 
-    lattqe = bool(lattqe_on) and "lattqe" in engine.expanders
-    res = compare(engine, image=image or None, text=text, alpha=float(alpha), k=int(k), nqe=int(nqe or 0), lattqe=lattqe,
-                  exclude_reference=exclude_reference is not False)
+
+def compare_request_run(engine: SearchEngine, req: SearchRequest, lattqe_on: bool):
+    """Compare mode for one request: (compare HTML, compare JSON, the run)."""
+    from engine.compare import compare_request
+
+    res = compare_request(engine, req, lattqe=bool(lattqe_on) and "lattqe" in engine.expanders)
+    say_notices(req.notices)
     data = res.to_json()
-    return compare_html(engine.index.display_path, data), json.dumps(data, indent=2)
+    return compare_html(engine.index.display_path, data), json.dumps(data, indent=2), run_record("compare", req, data)
 
 
 def _expand_parts(expand: str):
@@ -349,8 +418,10 @@ def history_label(engine: SearchEngine, st) -> str:
 
 def history_method(st) -> str:
     """The method part of a past query's line (its own column, so it is never cut): method, k, expansion."""
-    mode = "compare all methods" if st.view == "compare" else LABELS.get(st.method, st.method)
-    return f"{mode} · k={st.k}" + ("" if st.expand == "none" else f" · {EXPANDER_LABELS.get(st.expand, st.expand)}")
+    mode = ("compare all methods" if st.view == "compare" else
+            LABELS.get(st.method, st.method) if st.method else "default method")
+    return (f"{mode} · k={st.k}" + ("" if st.expand == "none" else f" · {EXPANDER_LABELS.get(st.expand, st.expand)}")
+            + (" · reference kept" if st.keep_reference else ""))
 
 
 def _remember(engine: SearchEngine, history, st):
@@ -372,14 +443,16 @@ class Recorded:
     last: Any  # the data the export buttons write
 
 
-def after_query(engine: SearchEngine, view: str, *, image, text, method, alpha, k, lattqe_on, expander, nqe, raw,
-                history) -> Recorded:
-    """After a successful search or compare run (``view``): the share query string, the history, the data to
-    export. Every input by name (the query's widgets, the run's JSON ``raw`` and the ``history``)."""
-    st = state_for(engine, image or None, text, method, alpha, k, expansion_name(bool(lattqe_on), expander), nqe,
-                   view=view)
+def after_query(engine: SearchEngine, run, history) -> Recorded:
+    """After a successful search or compare run: the share query string, the history, the data to export,
+    all from ``run`` (:func:`run_record`: the request exactly as searched, and its response)."""
+    req = run["request"]
+    st = state_for(engine, req, view=run["view"])
     hist, table = _remember(engine, history, st)
-    return Recorded(to_query_string(st), hist, table, with_query(json.loads(raw) if raw else None, image, text))
+    image = req.image if isinstance(req.image, (str, Path)) else None
+    if isinstance(req.image, int) and not isinstance(req.image, bool):
+        image = str(engine.index.image_path(req.image))
+    return Recorded(to_query_string(st), hist, table, with_query(copy.deepcopy(run["data"]), image, req.text))
 
 
 def with_query(data, image, text):
@@ -405,11 +478,13 @@ class Restored:
     lattqe_on: bool
     expander: str
     nqe: int
-    gallery: Any  # the results: single-method gallery, explanation, JSON, ids, compare columns
+    keep_out: bool
+    gallery: Any  # the results: single-method gallery, explanation, JSON, ids, compare columns, the run
     explanation: str
     raw: str
     ids: list
     compare_out: str
+    run: dict
     qs: str  # then what after_query records (Recorded)
     history: list
     history_table: Any
@@ -417,27 +492,27 @@ class Restored:
 
 
 def run_state(engine: SearchEngine, st, history) -> Restored:
-    """Restores a query state into the inputs and runs it."""
-    st.k, st.nqe = min(int(st.k), UI_MAX_K), min(int(st.nqe), UI_MAX_NQE)
-    ref = resolve_reference(engine, st)
+    """Restores a query state into the inputs and runs exactly that query (the reference rule included)."""
+    req = request_for(engine, st, engine.settings.max_text_chars)
     shown = reference_file(engine, st)
     lattqe_on, expander = _expand_parts(st.expand)
     if st.view == "compare":
-        html_, raw = run_compare(engine, ref, st.text, st.alpha, st.k, lattqe_on, st.nqe)
-        data = json.loads(raw)
-        gallery, expl, ids = gr.update(value=[], visible=False), compare_summary_markdown(data), []
+        html_, raw, run = compare_request_run(engine, req, lattqe_on)
+        gallery, expl, ids = gr.update(value=[], visible=False), compare_summary_markdown(run["data"]), []
     else:
-        resp = search(engine, image=ref, text=st.text, method=st.method, alpha=st.alpha, k=st.k,
-                      expand=st.expand, nqe=st.nqe, explain=True, exclude_reference=True)
+        resp = run_request(engine, req)
+        say_notices(req.notices)
         data = resp.to_json()
+        run = run_record("search", req, data)
         gallery, expl, raw, ids, html_ = (gr.update(value=gallery_items(engine, resp), visible=True),
                                           explanation_markdown(resp),
                                           json.dumps(data, indent=2), [r.id for r in resp.results], "")
     hist, table = _remember(engine, history, st)
-    return Restored(image=shown, text=st.text, method=st.method, alpha=st.alpha, k=st.k, lattqe_on=lattqe_on,
-                    expander=expander, nqe=st.nqe, gallery=gallery, explanation=expl, raw=raw, ids=ids,
-                    compare_out=html_, qs=to_query_string(st), history=hist, history_table=table,
-                    last=with_query(data, shown, st.text))
+    return Restored(image=shown, text=st.text, method=st.method or engine.default_method, alpha=st.alpha, k=st.k,
+                    lattqe_on=lattqe_on, expander=expander, nqe=st.nqe, keep_out=not st.keep_reference,
+                    gallery=gallery, explanation=expl, raw=raw, ids=ids, compare_out=html_, run=run,
+                    qs=to_query_string(st), history=hist, history_table=table,
+                    last=with_query(copy.deepcopy(run["data"]), shown, st.text))
 
 
 def restore_from_url(engine: SearchEngine, history, request: gr.Request) -> Optional[Restored]:
@@ -504,10 +579,10 @@ def export_png_file(engine: SearchEngine, data):
     return str(export_contact_sheet(data, engine.index.display_path, folder / f"{stem}-contact-sheet.png"))
 
 
-def compare_cleared(raw):
+def compare_cleared(run):
     """After a compare run: the single-method gallery is emptied and hidden, the explanation summarises the run."""
-    data = json.loads(raw) if raw else {}
-    return gr.update(value=[], visible=False), [], compare_summary_markdown(data)
+    data = run.get("data") if isinstance(run, dict) else {}
+    return gr.update(value=[], visible=False), [], compare_summary_markdown(data or {})
 
 
 def search_shown():

@@ -10,15 +10,17 @@ from typing import Any, Optional
 import gradio as gr
 
 from engine.config import Settings
+from engine.query import ALPHA_MAX, ALPHA_MIN, DEFAULT_ALPHA, DEFAULT_K, K_MAX, K_MIN, NQE_MAX, NQE_MIN
 from engine.search import SearchEngine
 from engine.service import SESSIONS, drop_session_engine, load_default_engine
 
 from . import handlers as h
 from .formatting import EXPANDER_LABELS, default_method_note, method_choices
-from .upload import reference_image
+from .upload import QueryNumber, reference_image
 
 TITLE = "Composed image search"
-INTRO = ("Give a reference image and say what to change — *same dress but red*, *the building at night* — "
+INTRO = ("Give a reference image and say what to change — *the same shoes but white*, *at night*, *as a black and "
+         "white photo*, *a hammer instead* — "
          "and the engine finds matching images in the gallery. Click a result to use it as the new reference.")
 CSS = (Path(__file__).with_name("style.css")).read_text(encoding="utf-8")  # the page's styles, in their own file
 # Passed to launch(head=...) with CSS. Gradio's client closes its event stream through a stand-in object whose
@@ -88,6 +90,7 @@ class SearchPanel:
     explanation: Any = None
     raw: Any = None
     ids: Any = None
+    run: Any = None  # state: the last run (handlers.run_record: the request as searched and its response)
 
     def search_inputs(self) -> list:
         """handlers.run_search's inputs in their order: the Gradio API's /search takes its values in this order
@@ -98,12 +101,16 @@ class SearchPanel:
     def query(self) -> dict:
         """The query's widgets by the names handlers.after_query and handlers.Restored give them."""
         return {"image": self.image, "text": self.text, "method": self.method, "alpha": self.alpha, "k": self.k,
-                "lattqe_on": self.lattqe, "expander": self.expander, "nqe": self.nqe}
+                "lattqe_on": self.lattqe, "expander": self.expander, "nqe": self.nqe, "keep_out": self.keep_out}
 
     def results(self) -> dict:
         """The result panels by the names handlers.Restored gives them."""
         return {"gallery": self.gallery, "explanation": self.explanation, "raw": self.raw, "ids": self.ids,
-                "compare_out": self.compare_out}
+                "compare_out": self.compare_out, "run": self.run}
+
+    def outputs(self) -> list:
+        """handlers.run_search's outputs in their order (the Gradio API returns the first three)."""
+        return [self.gallery, self.explanation, self.raw, self.ids, self.run]
 
 
 @dataclass
@@ -150,6 +157,8 @@ def _search_controls(engine: SearchEngine, prefix: str, with_compare: bool = Fal
         with gr.Column(scale=1, min_width=240):
             c.image = reference_image(int(engine.settings.max_upload_mb * 1e6), label="Reference image",  # no decode
                                       sources=["upload", "clipboard"], height=260, elem_id=f"{prefix}reference")
+            # a file that is not an image is said on upload, not only after Search (handlers.reference_checked)
+            c.image.upload(h.reference_checked(engine), [c.image], [c.image], api_name=False, show_progress="hidden")
             if with_picker:
                 c.picker = _gallery_picker(engine)
         with gr.Column(scale=2, min_width=280):
@@ -162,11 +171,13 @@ def _search_controls(engine: SearchEngine, prefix: str, with_compare: bool = Fal
             with gr.Row(elem_classes=["cis-method-row"]):
                 c.method = gr.Dropdown(methods, value=default_method, label="Method", elem_id=f"{prefix}method",
                                        min_width=240)
-                c.k = gr.Slider(1, h.UI_MAX_K, value=12, step=1, label="Results (top-k)", elem_id=f"{prefix}k")
+                c.k = QueryNumber(DEFAULT_K, label="Number of results", info=f"{K_MIN} to {K_MAX}", step=1,
+                                  precision=0, elem_id=f"{prefix}k", min_width=120)
             gr.Markdown(default_method_note(engine), elem_id=f"{prefix}method-why", elem_classes=["cis-note"])
             # α is the weighted sum's text weight; methods that ignore it hide it (h.alpha_visible)
-            c.alpha = gr.Slider(0, 1, value=0.5, step=0.05, label="α (text weight, weighted sum)",
-                                visible=h.alpha_visible(engine, default_method), elem_id=f"{prefix}alpha")
+            c.alpha = QueryNumber(DEFAULT_ALPHA, step=0.05, label="Weight of the text (α)",
+                                  info=f"{ALPHA_MIN:g} (the picture only) to {ALPHA_MAX:g} (the text only)",
+                                  visible=h.alpha_visible(engine, default_method), elem_id=f"{prefix}alpha")
             c.method.change(functools.partial(h.alpha_shown, engine), [c.method], [c.alpha], api_name=False,
                             show_progress="hidden")
             _expansion_controls(engine, prefix, c)
@@ -178,7 +189,7 @@ def _expansion_controls(engine: SearchEngine, prefix: str, c: SearchPanel) -> No
     """The LAttQE box with its note, the leave-the-reference-out box and the other expansion options."""
     lattqe_reason = engine.expanders_unavailable.get("lattqe")
     # not offered where validation showed it moves no answer for this backbone (engine.defaults)
-    c.lattqe = gr.Checkbox(value=False, label="LAttQE expansion", interactive=lattqe_reason is None,
+    c.lattqe = gr.Checkbox(value=False, label="Refine with the top results (LAttQE)", interactive=lattqe_reason is None,
                            info=h.lattqe_info(engine), elem_id=f"{prefix}lattqe",
                            visible=lattqe_reason is not None or "lattqe" in engine.offered_expanders)
     # what LAttQE (or another expansion) did for the last query: expanded with which neighbours, or kept it
@@ -190,9 +201,9 @@ def _expansion_controls(engine: SearchEngine, prefix: str, c: SearchPanel) -> No
         others = [(EXPANDER_LABELS.get(n, n), n) for n in engine.offered_expanders if n != "lattqe"]
         c.expander = gr.Dropdown(others, value="none", label="Expansion (when LAttQE is off)",
                                  info=h.EXPANSION_HELP, elem_id=f"{prefix}expander")
-        c.nqe = gr.Slider(0, h.UI_MAX_NQE, value=0, step=1, label="nQE (neighbours used)",
-                          info="0 = automatic: chosen on validation, capped by gallery size",
-                          elem_id=f"{prefix}nqe")
+        c.nqe = QueryNumber(0, step=1, precision=0, label="nQE (neighbours used)",
+                            info=f"{NQE_MIN} (automatic: chosen on validation, capped by gallery size) to {NQE_MAX}",
+                            elem_id=f"{prefix}nqe")
 
 
 def _result_panels(prefix: str, with_compare: bool, c: SearchPanel) -> None:
@@ -207,6 +218,7 @@ def _result_panels(prefix: str, with_compare: bool, c: SearchPanel) -> None:
     with gr.Accordion("Results as JSON", open=False):
         c.raw = gr.Code(language="json", elem_id=f"{prefix}json", label="Same schema as `python -m engine search --json`")
     c.ids = gr.State([])
+    c.run = gr.State(None)
 
 
 def _gallery_picker(engine: SearchEngine):
@@ -296,15 +308,17 @@ def _with_link(event, s: ShareRow):
 
 
 def _with_expansion_note(event, c: SearchPanel):
-    """The line under the LAttQE box: what expansion did for the query just run."""
-    return event.success(h.expansion_done, [c.raw], [c.lattqe_did], api_name=False, show_progress="hidden")
+    """The line under the LAttQE box: what expansion did for the query just run; and the number boxes show the
+    values searched (a clamped one, already said in a notice)."""
+    shown = event.success(h.searched_values, [c.run], [c.k, c.alpha, c.nqe], api_name=False, show_progress="hidden")
+    return shown.success(h.expansion_done, [c.run], [c.lattqe_did], api_name=False, show_progress="hidden")
 
 
-def _recorded(event, engine: SearchEngine, view: str, c: SearchPanel, s: ShareRow):
-    """After a ``view`` run ("search" or "compare"): handlers.after_query, inputs and outputs by name."""
-    record, outputs = _named(functools.partial(h.after_query, engine, view), h.Recorded, s.recorded())
-    return event.success(record, inputs_kwargs={**c.query(), "raw": c.raw, "history": s.history},
-                         outputs=outputs, api_name=False)
+def _recorded(event, engine: SearchEngine, c: SearchPanel, s: ShareRow):
+    """After a run (search or compare: the run's state says which): handlers.after_query, by name."""
+    record, outputs = _named(functools.partial(h.after_query, engine), h.Recorded, s.recorded())
+    return event.success(record, inputs_kwargs={"run": c.run, "history": s.history}, outputs=outputs,
+                         api_name=False)
 
 
 def _main_tab(demo: gr.Blocks, engine: SearchEngine, searches: dict) -> None:
@@ -325,10 +339,10 @@ def _wire_search(engine: SearchEngine, c: SearchPanel, s: ShareRow, searches: di
     """A search (the button: the Gradio API's /search; Enter; a click on an example), then what it leaves in
     the page: history and export data, the expansion note, the single-method view, the share link."""
     search_fn = h.user_errors(functools.partial(h.run_search, engine))
-    results = [c.gallery, c.explanation, c.raw, c.ids]
+    results = c.outputs()
 
     def then_search(event):
-        shown = _with_expansion_note(_recorded(event, engine, "search", c, s), c)
+        shown = _with_expansion_note(_recorded(event, engine, c, s), c)
         return _with_link(shown.success(h.search_shown, None, [c.compare_out, c.gallery], api_name=False,
                                         show_progress="hidden"), s)
 
@@ -343,12 +357,13 @@ def _wire_compare(engine: SearchEngine, c: SearchPanel, s: ShareRow) -> None:
     """Compare methods (the Gradio API's /compare, its own limit of 2 at once), then the page shows its columns."""
     compare_fn = h.user_errors(functools.partial(h.run_compare, engine))
     ran = c.compare_btn.click(compare_fn, [c.image, c.text, c.alpha, c.k, c.lattqe, c.nqe, c.keep_out],
-                              [c.compare_out, c.raw], api_name="compare", concurrency_limit=2)
-    shown = (_recorded(ran, engine, "compare", c, s)
-             .success(h.compare_cleared, [c.raw], [c.gallery, c.ids, c.explanation], api_name=False,
+                              [c.compare_out, c.raw, c.run], api_name="compare", concurrency_limit=2)
+    shown = (_recorded(ran, engine, c, s)
+             .success(h.compare_cleared, [c.run], [c.gallery, c.ids, c.explanation], api_name=False,
                       show_progress="hidden")
              .success(lambda: gr.update(value="", visible=False), None, [c.lattqe_did], api_name=False,
-                      show_progress="hidden"))
+                      show_progress="hidden")
+             .success(h.searched_values, [c.run], [c.k, c.alpha, c.nqe], api_name=False, show_progress="hidden"))
     _with_link(shown, s)
 
 
@@ -381,7 +396,7 @@ def _own_tab(engine: SearchEngine, searches: dict) -> None:
         upload = gr.File(label="Zip of photos", file_types=[".zip"], elem_id="own-upload")
         with gr.Column():
             index_type = gr.Dropdown(h.index_type_choices(engine), value="auto", label="Index",
-                                     info="ICS: compact binary codes (docs/ics.md)", elem_id="own-index-type")
+                                     info="ICS: compact binary codes, a fraction of the memory and a little less exact", elem_id="own-index-type")
             index_btn = gr.Button("Index the photos", elem_id="own-index")
     status = gr.Markdown(elem_id="own-status")
     with gr.Accordion("Pick the reference from your photos", open=True, elem_id="own-picker-box"):
@@ -395,7 +410,7 @@ def _own_tab(engine: SearchEngine, searches: dict) -> None:
     own_grid.select(h.result_as_reference, [session, own_ids], o.image, api_name=False)
     for trigger, api in ((o.button.click, "search_own"), (o.text.submit, False)):
         _with_expansion_note(trigger(h.user_errors(h.run_search), [session, *o.search_inputs()],
-                                     [o.gallery, o.explanation, o.raw, o.ids], api_name=api, **searches), o)
+                                     o.outputs(), api_name=api, **searches), o)
     o.gallery.select(h.result_as_reference, [session, o.ids], o.image, api_name=False)
 
 

@@ -77,3 +77,16 @@ def reference_image(max_bytes: int, **kwargs) -> ReferenceImage:
     comp = ReferenceImage(**kwargs)
     comp.max_bytes = int(max_bytes)
     return comp
+
+
+class QueryNumber(gr.Number):
+    """``gr.Number`` with no bounds of its own, whose value reaches the handler unchecked: a slider's (or a
+    bounded number box's) frontend clamps a typed -5 to its minimum without a word, and Gradio refuses an API
+    value out of range in words of its own ("Value 100000 is greater than maximum value ..."). Here the one
+    validation (``engine.query.SearchRequest.build``) clamps it and says so, as on every other route; the
+    limits are in the box's ``info``."""
+
+    is_template = True  # drawn with gr.Number's own frontend (Blocks.get_block_name)
+
+    def preprocess(self, payload):
+        return payload

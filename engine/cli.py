@@ -9,7 +9,8 @@ import logging
 import sys
 from pathlib import Path
 
-from .errors import EngineError, InputError
+from .errors import EngineError
+from .query import DEFAULT_ALPHA, DEFAULT_K, limit_sentence
 
 # sub-commands whose implementation lives in another module: name -> (module, help)
 TRAINERS = {
@@ -122,21 +123,18 @@ def cmd_index(args) -> int:
 
 
 def cmd_search(args) -> int:
-    from .search import open_engine, search
     from .backbones import create_backbone
+    from .query import SearchRequest, gallery_reference  # noqa: I001
+    from .search import open_engine, run
 
-    image = args.image
-    if image is not None and image.startswith("gallery:"):  # checked before anything loads: one sentence
-        try:
-            image = int(image.split(":", 1)[1])
-        except ValueError:
-            raise InputError(f"bad gallery image {args.image[:60]!r}; expected gallery:ID (an item number)") from None
+    image = gallery_reference(args.image)  # checked before anything loads: a bad id is one sentence
     s = _settings(args)
     eng = open_engine(args.index, settings=s, backbone=create_backbone(s.backbone, s.device, settings=s) if args.backbone else None,
                       index_type=args.index_type)
-    resp = search(eng, image=image, text=args.text, method=args.method, alpha=args.alpha, k=args.k,
-                  expand=args.expand, nqe=args.nqe, negative_text=args.negative, explain=args.explain,
-                  exclude_reference=not args.keep_reference)
+    req = SearchRequest.build(s.max_text_chars, image=image, text=args.text,
+                              method=args.method, alpha=args.alpha, k=args.k, expand=args.expand, nqe=args.nqe or 0,
+                              negative_text=args.negative, explain=args.explain, keep_reference=args.keep_reference)
+    resp = run(eng, req)
     if args.json:
         print(json.dumps(resp.to_json(), indent=2))
     else:
@@ -191,8 +189,9 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--negative", default=None, help="negative text (sum method)")
     sp.add_argument("--method", default=None, help="image | text | sum | context-i2w | rtic (default: the engine's "
                     "default method, chosen on held-out-domain validation; `info` names it)")
-    sp.add_argument("--alpha", type=float, default=0.5)
-    sp.add_argument("--k", type=int, default=10)
+    sp.add_argument("--alpha", type=float, default=DEFAULT_ALPHA,
+                    help=f"{limit_sentence('alpha')} (out of range: clamped, with a note)")
+    sp.add_argument("--k", type=int, default=DEFAULT_K, help=f"{limit_sentence('k')} (out of range: clamped, with a note)")
     sp.add_argument("--expand", default="none", help="none | aqe | aqewd | alpha-qe | lattqe")
     sp.add_argument("--nqe", type=int, default=None, help="neighbours the expander uses (default: the value chosen "
                     "on validation for that expander, capped at 2%% of the gallery)")

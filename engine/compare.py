@@ -19,6 +19,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 from .errors import EngineError
 from .labels import expand_label, method_label
+from .query import DEFAULT_ALPHA, DEFAULT_K, SearchRequest, gallery_reference
 from .search import DEFAULT_NQE, SearchEngine, SearchResponse, search
 
 
@@ -60,6 +61,7 @@ class CompareResult:
     wall_ms: float
     shared: Dict[int, List[str]] = field(default_factory=dict)  # gallery id -> keys of the columns with it
     reference_hash: Optional[str] = None
+    notices: List[str] = field(default_factory=list)  # what the one validation changed (a clamped value)
 
     def column(self, key: str) -> CompareColumn:
         for c in self.columns:
@@ -67,10 +69,42 @@ class CompareResult:
                 return c
         raise KeyError(key)
 
+    @property
+    def same_as(self) -> Dict[str, str]:
+        """Column key -> the key of the first earlier column with the same results in the same order (an
+        identical column is said as such, not shown as another answer)."""
+        first: Dict[tuple, str] = {}
+        out: Dict[str, str] = {}
+        for c in self.columns:
+            if c.response is None:
+                continue
+            ids = tuple(c.ids)
+            if ids in first:
+                out[c.key] = first[ids]
+            else:
+                first[ids] = c.key
+        return out
+
+    @property
+    def minority(self) -> Dict[int, int]:
+        """Gallery id -> how many different answers found it, for the results found by fewer than half of the
+        different answers (identical columns count once): what only some methods found is what a UI marks;
+        found by most of them is no news."""
+        same = self.same_as
+        answers = [set(c.ids) for c in self.columns if c.response is not None and c.key not in same]
+        counts: Dict[int, int] = {}
+        for ids in answers:
+            for i in ids:
+                counts[i] = counts.get(i, 0) + 1
+        return {i: n for i, n in sorted(counts.items()) if 2 * n < len(answers)}
+
     def to_json(self) -> dict:
+        same = self.same_as
         return {"query": self.query, "wall_ms": round(self.wall_ms, 3), "reference_hash": self.reference_hash,
                 "columns": [c.to_json() for c in self.columns],
-                "shared": {str(i): keys for i, keys in sorted(self.shared.items())}}
+                "shared": {str(i): keys for i, keys in sorted(self.shared.items())},
+                "same_as": same, "answers": sum(1 for c in self.columns if c.response is not None and c.key not in same),
+                "minority": {str(i): n for i, n in self.minority.items()}, "notices": self.notices}
 
 
 def compare_plan(engine: SearchEngine, lattqe: Optional[bool] = None,
@@ -88,18 +122,23 @@ def compare_plan(engine: SearchEngine, lattqe: Optional[bool] = None,
 def compare(engine: SearchEngine, image=None, text: Optional[str] = None, alpha: float = 0.5, k: int = 12,
             nqe: int = DEFAULT_NQE, lattqe: Optional[bool] = None, methods: Optional[Sequence[str]] = None,
             explain: bool = True, exclude_reference: bool = False) -> CompareResult:
-    """Runs the query through every method of :func:`compare_plan`; one column each, in plan order.
+    """:func:`compare_request` for these values (checked by the one validation, :meth:`SearchRequest.build`)."""
+    req = SearchRequest.build(engine.settings.max_text_chars, image=image, text=text, alpha=alpha, k=k,
+                              nqe=nqe or 0, explain=explain, keep_reference=not exclude_reference)
+    return compare_request(engine, req, lattqe, methods)
+
+
+def compare_request(engine: SearchEngine, request: SearchRequest, lattqe: Optional[bool] = None,
+                    methods: Optional[Sequence[str]] = None) -> CompareResult:
+    """Runs the request through every method of :func:`compare_plan` (its own ``method`` and ``expand`` are
+    replaced per column); one column each, in plan order.
 
     A column whose method cannot take this query (e.g. *image only* without an image) carries the
-    reason in ``error`` instead of results. Errors that concern the whole query (no input at all, a bad
-    image) are raised.
+    reason in ``error`` instead of results. Errors that concern the whole query (a bad image) are raised.
     """
-    if image is None and not (text or "").strip():
-        from .errors import InputError
-
-        raise InputError("give a reference image, a modification text, or both")
     t0 = time.perf_counter()
     ref_hash = None
+    image = request.image
     if image is not None:
         # encode once up front: bad images fail here, and every column gets a cache hit
         ref_hash = engine.reference_features(image)[0]
@@ -111,8 +150,7 @@ def compare(engine: SearchEngine, image=None, text: Optional[str] = None, alpha:
         t = time.perf_counter()
         col = CompareColumn(column_key(method, expand), method, expand, column_label(method, expand), 0.0)
         try:
-            col.response = search(engine, image=image, text=text, method=method, alpha=alpha, k=k, expand=expand,
-                                  nqe=nqe, explain=explain, exclude_reference=exclude_reference)
+            col.response = search(engine, **request.replace(image=image, method=method, expand=expand).search_kwargs())
         except EngineError as exc:
             col.error = str(exc)
         col.wall_ms = (time.perf_counter() - t) * 1e3
@@ -123,8 +161,9 @@ def compare(engine: SearchEngine, image=None, text: Optional[str] = None, alpha:
             seen.setdefault(i, []).append(col.key)
     shared = {i: keys for i, keys in seen.items() if len(keys) > 1}
     query = {"image": image if isinstance(image, int) else (None if image is None else f"sha256:{ref_hash}"),
-             "text": (text or "").strip(), "alpha": float(alpha), "k": int(k), "nqe": int(nqe or 0)}
-    return CompareResult(columns, query, (time.perf_counter() - t0) * 1e3, shared, ref_hash)
+             "text": request.text or "", "alpha": float(request.alpha), "k": int(request.k),
+             "nqe": int(request.nqe or 0), "keep_reference": request.keep_reference}
+    return CompareResult(columns, query, (time.perf_counter() - t0) * 1e3, shared, ref_hash, list(request.notices))
 
 
 def bench_compare(engine: SearchEngine, repeats: int = 3, k: int = 12) -> float:
@@ -145,18 +184,24 @@ def bench_compare(engine: SearchEngine, repeats: int = 3, k: int = 12) -> float:
 
 
 def format_text(result: CompareResult, top: int = 5) -> str:
-    """Plain-text table: one block per column, shared results marked with '*'."""
+    """Plain-text table: one block per column, results found by only a minority of the methods marked with
+    '*'; a column identical to an earlier one says so instead of repeating it."""
     lines = []
+    same, minority = result.same_as, result.minority
+    labels = {c.key: c.label for c in result.columns}
     for col in result.columns:
         head = f"== {col.label} [{col.key}]  {col.wall_ms:.1f} ms"
         if col.error:
             lines.append(f"{head}\n   unavailable for this query: {col.error}")
             continue
+        if col.key in same:
+            lines.append(f"{head}\n   same results as {labels[same[col.key]]}")
+            continue
         lines.append(head)
         for r in col.response.results[:top]:
-            mark = "*" if r.id in result.shared else " "
+            mark = "*" if r.id in minority else " "
             lines.append(f" {mark}{r.rank:3d}  {r.score:.4f}  {r.path}  {r.caption}")
-    lines.append(f"total {result.wall_ms:.1f} ms; * = found by more than one column")
+    lines.append(f"total {result.wall_ms:.1f} ms; * = found by fewer than half of the methods")
     return "\n".join(lines)
 
 
@@ -170,9 +215,9 @@ def main(argv=None) -> int:
     p.add_argument("--index", required=True, help="index folder")
     p.add_argument("--image", default=None, help="reference image path, or gallery:ID")
     p.add_argument("--text", default=None, help="modification text")
-    p.add_argument("--alpha", type=float, default=0.5)
-    p.add_argument("--k", type=int, default=10)
-    p.add_argument("--nqe", type=int, default=DEFAULT_NQE)
+    p.add_argument("--alpha", type=float, default=DEFAULT_ALPHA)
+    p.add_argument("--k", type=int, default=DEFAULT_K)
+    p.add_argument("--nqe", type=int, default=0, help="neighbours for LAttQE (0: automatic)")
     p.add_argument("--lattqe", choices=("auto", "on", "off"), default="auto",
                    help="also run each method with LAttQE (auto: when a LAttQE checkpoint is available)")
     p.add_argument("--methods", default=None, help="comma-separated subset of methods (default: all available)")
@@ -191,18 +236,18 @@ def main(argv=None) -> int:
     try:
         eng = open_engine(args.index, settings=s,
                           backbone=create_backbone(s.backbone, s.device, settings=s) if args.backbone else None)
-        image = args.image
-        if image is not None and image.startswith("gallery:"):
-            image = int(image.split(":", 1)[1])
+        req = SearchRequest.build(s.max_text_chars, image=gallery_reference(args.image), text=args.text,
+                                  alpha=args.alpha, k=args.k, nqe=args.nqe, keep_reference=args.keep_reference)
         lattqe = {"auto": None, "on": True, "off": False}[args.lattqe]
         methods = [m.strip() for m in args.methods.split(",") if m.strip()] if args.methods else None
-        res = compare(eng, image=image, text=args.text, alpha=args.alpha, k=args.k, nqe=args.nqe, lattqe=lattqe,
-                      methods=methods, exclude_reference=not args.keep_reference)
+        res = compare_request(eng, req, lattqe=lattqe, methods=methods)
     except EngineError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     if args.json:
         print(json.dumps(res.to_json(), indent=2))
     else:
+        for n in res.notices:
+            print(f"note: {n}")
         print(format_text(res, args.top))
     return 0

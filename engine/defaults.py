@@ -62,6 +62,8 @@ class EngineDefaults:
         if not self.source:
             return "the weighted sum: no validation record for this backbone"
         score = (self.evidence.get("overall_val") or {}).get(self.method)
+        if self.method == "auto":
+            score = self.evidence.get("auto_val_cross_fitted")
         tail = f" (score {score:.1f})" if isinstance(score, (int, float)) else ""
         return (f"best on the validation side of the held-out-domain suite{tail}: photos, words and phrasings "
                 "no trainer saw")
@@ -81,11 +83,13 @@ def _read(path: Path) -> Optional[dict]:
     return rec if isinstance(rec, dict) and rec.get("kind") == "defaults" else None
 
 
-def engine_defaults(backbone, settings=None) -> EngineDefaults:
-    """The defaults recorded for ``backbone`` on the checkpoint search path, else the fallback."""
+def engine_defaults(backbone, settings=None, checkpoint_dir=None) -> EngineDefaults:
+    """The defaults recorded for ``backbone`` on the checkpoint search path (``checkpoint_dir``, else the
+    settings' folder, first), else the fallback."""
     from .checkpoints import search_dirs
 
-    folder = getattr(settings, "checkpoints", None) if settings is not None else None
+    folder = checkpoint_dir if checkpoint_dir not in (None, "") else (
+        getattr(settings, "checkpoints", None) if settings is not None else None)
     for directory in search_dirs(folder):
         for path in sorted(Path(directory).glob(PATTERN)) if Path(directory).is_dir() else []:
             rec = _read(path)

@@ -8,6 +8,8 @@ METHOD_LABELS = {
     "sum": "Image + text (weighted sum)",
     "context-i2w": "Context-I2W",
     "rtic": "RTIC",
+    "rtic+gcn": "RTIC+GCN",
+    "auto": "Automatic",
 }
 EXPAND_LABELS = {
     "none": "No expansion",

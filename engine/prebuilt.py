@@ -76,8 +76,8 @@ def seed_index(gallery, out, backbone, folder: Optional[Path] = None) -> bool:
         tmp = target.with_suffix(".tmp")
         shutil.copyfile(prebuilt_paths(backbone.name, folder)[0], tmp)
         tmp.replace(target)
-    log.info("using the prebuilt index of the bundled gallery (%d photos, %s)", record.get("count", 0),
-             prebuilt_paths(backbone.name, folder)[0].name)
+    log.debug("using the prebuilt index of the bundled gallery (%d photos, %s)", record.get("count", 0),
+              prebuilt_paths(backbone.name, folder)[0].name)
     return True
 
 

@@ -25,6 +25,7 @@ from .expand.base import Expansion
 from .images import DEFAULT_MAX_BYTES, REFERENCE_SIDE, decode_limits, load_image
 from .index.store import GalleryIndex
 from .share import ReferenceStore
+from .query import SearchRequest
 
 log = logging.getLogger(__name__)
 DEFAULT_NQE = None  # None (or 0): the nQE chosen on validation for the expander, capped by the gallery (engine.defaults)
@@ -326,6 +327,14 @@ def search(
     timings["total"] = (time.perf_counter() - t0) * 1e3
     return SearchResponse(results, {k_: round(v, 3) for k_, v in timings.items()}, method, expand,
                           explanation, notices, ref[1])
+
+
+def run(engine: SearchEngine, request: SearchRequest) -> SearchResponse:
+    """The search for one :class:`~engine.query.SearchRequest` (every route builds one); what building it
+    changed (a clamped k, alpha or nQE) comes first in the response's notices."""
+    resp = search(engine, **request.search_kwargs())
+    resp.notices[:0] = request.notices
+    return resp
 
 
 def _validate(engine: SearchEngine, image, text, negative_text, method, alpha, k, nqe, expand) -> tuple:

@@ -47,21 +47,7 @@ def _open_default_engine(settings: Settings, progress=None) -> SearchEngine:
     backbone = create_backbone(settings.backbone, settings.device, settings=settings)
     out = settings.resolved_index_dir()
     with _lock:
-        try:
-            engine = open_engine(out, backbone=backbone, settings=settings)
-            built = False
-        except IndexLoadError as exc:
-            first = not (Path(out) / "CURRENT").exists()
-            if not first:
-                log.warning("rebuilding the gallery index at %s (%s)", out, exc)
-            from .prebuilt import seed_index
-
-            seeded = seed_index(settings.gallery, out, backbone)  # the bundled gallery's prebuilt embeddings, when they fit
-            if first:
-                log.info("first start: indexing the gallery %s", "from its prebuilt embeddings (nothing to embed)"
-                         if seeded else "(embedding every photo once)")
-            index_source(settings.gallery, out, backbone, settings=settings, progress=progress)  # + thumbnails
-            engine, built = open_engine(out, backbone=backbone, settings=settings), True
+        engine, built = _open_or_build(settings, out, backbone, progress)
         problem = vectors_problem(engine)
         if problem:  # a valid file with the wrong content (rows swapped, another gallery's vectors): re-embed all
             log.warning("the gallery index's vectors do not match its images (%s); rebuilding it by embedding "
@@ -74,6 +60,33 @@ def _open_default_engine(settings: Settings, progress=None) -> SearchEngine:
         if not built:
             check_thumbnails(engine)
         return engine
+
+
+def _open_or_build(settings: Settings, out: Path, backbone, progress=None):
+    """(engine, whether the index was (re)built now): the cached index when it loads and lists the gallery's
+    photos, else the index built (incrementally; from the prebuilt embeddings on a first start)."""
+    try:
+        engine = open_engine(out, backbone=backbone, settings=settings)
+        changed = gallery_changes(settings.gallery, engine.index)
+        if not changed:
+            return engine, False
+        log.info("the gallery folder changed since its index was made (%s): updating the index", changed)
+        first = False
+    except IndexLoadError as exc:
+        first = not (Path(out) / "CURRENT").exists()
+        if not first:
+            log.warning("rebuilding the gallery index at %s (%s)", out, exc)
+    from .prebuilt import seed_index
+
+    seeded = seed_index(settings.gallery, out, backbone)  # the bundled gallery's prebuilt embeddings, when they fit
+    if first and not seeded:
+        log.info("first start: indexing the gallery (embedding every photo once)")
+    index_source(settings.gallery, out, backbone, settings=settings, progress=progress)  # + thumbnails
+    engine = open_engine(out, backbone=backbone, settings=settings)
+    if first and seeded:  # one line for what happened: nothing was embedded
+        log.info("first start: the gallery index of %d photos was made from the prebuilt embeddings "
+                 "(nothing to embed)", len(engine.index))
+    return engine, True
 
 
 VECTOR_SAMPLE = 4  # gallery items re-embedded at start (first, last and two between)
@@ -127,6 +140,20 @@ def check_thumbnails(engine: SearchEngine) -> int:
     index.__dict__.pop("_thumb_sums", None)
     index.__dict__.pop("_thumbs_checked", None)
     return n
+
+
+def gallery_changes(gallery, index) -> str:
+    """An empty string when the index lists exactly the photos of the ``gallery`` folder (skipped files counted as listed),
+    else what differs ("3 photos added, 136 removed"): a gallery updated under a cached index (a new version of
+    the bundled one, photos added by hand) is indexed again, incrementally, instead of serving removed photos."""
+    from .index.walk import find_images
+
+    listed = set(find_images(Path(gallery)))
+    indexed = {str(it["path"]) for it in index.items}
+    skipped = {str(s.get("path")) for s in index.meta.get("skipped", []) if isinstance(s, dict)}
+    added, removed = listed - indexed - skipped, indexed - listed
+    parts = [f"{len(added)} photos added"] * bool(added) + [f"{len(removed)} removed"] * bool(removed)
+    return ", ".join(parts)
 
 
 def sessions_dir() -> Path:

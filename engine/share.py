@@ -8,63 +8,69 @@ so clearly and asks for the image again.
 
 Example query string::
 
-    image=gallery:12&text=the+same+but+red&method=sum&alpha=0.5&k=12&expand=none&nqe=64&view=search
+    image=gallery:12&text=the+same+but+red&method=sum&alpha=0.5&k=12&expand=none&nqe=64&keep_reference=1&view=compare
 """
 from __future__ import annotations
 
 import re
 import threading
 from collections import OrderedDict
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Dict, Mapping, Optional, Union
+from typing import Dict, List, Mapping, Optional, Union
 from urllib.parse import parse_qs, urlencode, urlsplit, urlunsplit
 
-from .config import MAX_K
 from .errors import InputError
 from .images import sha256_file
+from .query import DEFAULT_ALPHA, DEFAULT_K, MAX_TEXT_CHARS, SearchRequest, limit_sentence
 
 VIEWS = ("search", "compare")
 _HASH = re.compile(r"^[0-9a-f]{64}$")
-KEYS = ("image", "text", "method", "alpha", "k", "expand", "nqe", "view")
+_NAME = re.compile(r"^[a-z0-9+_.-]{1,40}$")
+KEYS = ("image", "text", "method", "alpha", "k", "expand", "nqe", "negative_text", "keep_reference", "view")
 
 
 @dataclass
 class QueryState:
-    """Everything needed to rerun a query (the reference is an id or a content hash, never a path)."""
+    """A :class:`~engine.query.SearchRequest` as a link carries it: every field of the query, the reference as
+    a gallery id or a content hash (never a path), and the page's view. ``notices``: what checking the link
+    changed (a clamped value, said with the results)."""
 
     image_id: Optional[int] = None
     image_hash: Optional[str] = None
     text: str = ""
-    method: str = "sum"
-    alpha: float = 0.5
-    k: int = 12
+    method: Optional[str] = None  # None: the engine's default method (engine.defaults)
+    alpha: float = DEFAULT_ALPHA
+    k: int = DEFAULT_K
     expand: str = "none"
     nqe: int = 0   # 0: automatic (chosen on validation, capped by the gallery size; engine.defaults)
+    negative_text: Optional[str] = None
+    keep_reference: bool = False
     view: str = "search"
+    notices: List[str] = field(default_factory=list, compare=False)
 
     def validate(self) -> "QueryState":
-        """Checks the types and ranges; raises InputError naming the bad field."""
+        """Checks the link's own fields (reference, names, view) and the query's through the one validation
+        (:meth:`SearchRequest.build`: numbers out of range clamped, with a notice); raises InputError."""
         if self.image_id is not None and self.image_hash is not None:
             raise InputError("a shared query names either a gallery image or an uploaded image, not both")
         if self.image_id is not None and (not isinstance(self.image_id, int) or self.image_id < 0):
             raise InputError(f"bad gallery image id {self.image_id!r} in the link")
         if self.image_hash is not None and not _HASH.match(str(self.image_hash)):
             raise InputError("bad image hash in the link (expected 64 hex digits)")
-        if not isinstance(self.text, str):
-            raise InputError("the text in the link must be a string")
-        if not re.match(r"^[a-z0-9+_.-]{1,40}$", self.method or ""):
+        if self.method is not None and not _NAME.match(self.method):
             raise InputError(f"bad method name {self.method!r} in the link")
-        if not re.match(r"^[a-z0-9+_.-]{1,40}$", self.expand or ""):
+        if not _NAME.match(self.expand or ""):
             raise InputError(f"bad expansion name {self.expand!r} in the link")
-        if not (0.0 <= float(self.alpha) <= 1.0):
-            raise InputError("alpha in the link must be between 0 and 1")
-        if not 1 <= int(self.k) <= MAX_K:
-            raise InputError(f"k in the link must be between 1 and {MAX_K}")
-        if not 0 <= int(self.nqe) <= 4096:
-            raise InputError("nqe in the link must be between 0 (automatic) and 4096")
         if self.view not in VIEWS:
             raise InputError(f"view in the link must be one of {', '.join(VIEWS)}")
+        req = SearchRequest.build(image=self.image_id if self.image_id is not None else self.image_hash,
+                                  text=self.text, method=self.method, alpha=self.alpha, k=self.k,
+                                  expand=self.expand, nqe=self.nqe, negative_text=self.negative_text,
+                                  keep_reference=self.keep_reference)
+        self.text, self.negative_text = req.text or "", req.negative_text
+        self.alpha, self.k, self.nqe = req.alpha, req.k, req.nqe
+        self.notices += [n for n in req.notices if n not in self.notices]
         return self
 
     @property
@@ -72,7 +78,7 @@ class QueryState:
         return self.image_id is not None or self.image_hash is not None
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        return {k: v for k, v in asdict(self).items() if k != "notices"}
 
 
 def to_query_string(state: QueryState) -> str:
@@ -85,8 +91,14 @@ def to_query_string(state: QueryState) -> str:
         params.append(("image", f"sha256:{state.image_hash}"))
     if state.text:
         params.append(("text", state.text))
-    params += [("method", state.method), ("alpha", _num(state.alpha)), ("k", str(int(state.k))),
-               ("expand", state.expand), ("nqe", str(int(state.nqe)))]
+    if state.method:
+        params.append(("method", state.method))
+    params += [("alpha", _num(state.alpha)), ("k", str(int(state.k))), ("expand", state.expand),
+               ("nqe", str(int(state.nqe)))]
+    if state.negative_text:
+        params.append(("negative_text", state.negative_text))
+    if state.keep_reference:
+        params.append(("keep_reference", "1"))
     if state.view != "search":
         params.append(("view", state.view))
     return urlencode(params)
@@ -96,11 +108,23 @@ def _num(x: float) -> str:
     return f"{float(x):.6g}"
 
 
+def _link_number(params: Dict[str, str], name: str, default):
+    """A number from the link; one that is not a number is refused with the field's one sentence."""
+    if name not in params:
+        return default
+    try:
+        value = float(params[name])
+    except ValueError:
+        raise InputError(f"{limit_sentence(name)} (the link says {params[name][:20]!r}).") from None
+    return int(value) if value.is_integer() and name != "alpha" else value
+
+
 def from_query_string(qs: Union[str, Mapping[str, str]]) -> Optional[QueryState]:
     """Parses a query string (with or without '?') or a mapping such as ``request.query_params``.
 
-    Returns None when it carries no query (no image and no text); raises InputError on bad values.
-    Unknown parameters are ignored (links may carry tracking or Gradio's own parameters).
+    Returns None when it carries no query (no image and no text); raises InputError on bad values; numbers
+    out of range are clamped with a notice (:meth:`QueryState.validate`). Unknown parameters are ignored
+    (links may carry tracking or Gradio's own parameters).
     """
     if isinstance(qs, str):
         raw = parse_qs(qs.lstrip("?"), keep_blank_values=True)
@@ -121,15 +145,17 @@ def from_query_string(qs: Union[str, Mapping[str, str]]) -> Optional[QueryState]
         else:
             raise InputError(f"bad image in the link: {image[:80]!r} (expected gallery:ID or sha256:HASH)")
     st.text = params.get("text", "")
-    st.method = params.get("method", st.method) or st.method
+    st.method = params.get("method") or None
     st.expand = params.get("expand", st.expand) or st.expand
     st.view = params.get("view", st.view) or st.view
-    try:
-        st.alpha = float(params.get("alpha", st.alpha))
-        st.k = int(params.get("k", st.k))
-        st.nqe = int(params.get("nqe", st.nqe))
-    except ValueError:
-        raise InputError("alpha, k and nqe in the link must be numbers") from None
+    st.negative_text = params.get("negative_text") or None
+    keep = params.get("keep_reference", "0").strip().lower()
+    if keep not in ("0", "1", "true", "false", ""):
+        raise InputError("keep_reference in the link must be 1 or 0")
+    st.keep_reference = keep in ("1", "true")
+    st.alpha = _link_number(params, "alpha", st.alpha)
+    st.k = _link_number(params, "k", st.k)
+    st.nqe = _link_number(params, "nqe", st.nqe)
     return st.validate()
 
 
@@ -169,18 +195,19 @@ class ReferenceStore:
         return p if p and Path(p).is_file() else None
 
 
-def state_for(engine, image, text: Optional[str], method: str, alpha: float, k: int, expand: str, nqe: int,
-              view: str = "search") -> QueryState:
-    """The shareable state of a query as the UI holds it (``image``: a file path, a gallery id or None).
+def state_for(engine, request: SearchRequest, view: str = "search") -> QueryState:
+    """The shareable state of a request (its ``image``: a file path, a gallery id or None).
 
     A file whose content is a gallery image is shared by gallery id; any other file by its hash, and
     remembered in the engine's :class:`ReferenceStore` so the link can be restored.
     """
-    st = QueryState(text=(text or "").strip(), method=method, alpha=float(alpha), k=int(k), expand=expand or "none",
-                    nqe=int(nqe or 0), view=view)
+    st = QueryState(text=request.text or "", method=request.method, alpha=request.alpha, k=request.k,
+                    expand=request.expand or "none", nqe=request.nqe, negative_text=request.negative_text,
+                    keep_reference=request.keep_reference, view=view, notices=list(request.notices))
+    image = request.image
     if isinstance(image, int) and not isinstance(image, bool):
         st.image_id = image
-    elif image:
+    elif isinstance(image, (str, Path)) and str(image):
         key = file_sha256(image)
         gid = engine.find_item(key)
         if gid is not None:
@@ -189,6 +216,17 @@ def state_for(engine, image, text: Optional[str], method: str, alpha: float, k: 
             st.image_hash = key
             engine.references.put(key, image)
     return st.validate()
+
+
+def request_for(engine, state: QueryState, max_text_chars: int = MAX_TEXT_CHARS) -> SearchRequest:
+    """The :class:`SearchRequest` a restored state searches: exactly what was searched when the link was
+    made (the reference resolved by :func:`resolve_reference`; the link's notices kept)."""
+    req = SearchRequest.build(max_text_chars, image=resolve_reference(engine, state), text=state.text,
+                              method=state.method, alpha=state.alpha, k=state.k, expand=state.expand,
+                              nqe=state.nqe, negative_text=state.negative_text,
+                              keep_reference=state.keep_reference)
+    req.notices[:0] = [n for n in state.notices if n not in req.notices]
+    return req
 
 
 def resolve_reference(engine, state: QueryState):

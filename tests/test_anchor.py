@@ -291,3 +291,69 @@ def test_a_routed_anchor_round_trips_in_the_checkpoint_and_explains_the_operatio
     t = tiny.encode_texts(["make it red"]).embeddings.float()
     assert out.explanation["trust"] == pytest.approx(float(router.share(t)[0]), abs=1e-4)
     assert out.explanation["operation"]["name"] in router.classes
+
+
+def test_fit_routes_the_priors_text_weight_so_each_operation_gets_its_best_training_free_method():
+    """Operation A's target is what its text alone says (a new object: text only is best), operation B's is the
+    reference and the text together (the sum at 0.5 is best); the learned vectors miss both. A single prior
+    alpha cannot be best on both; the routed fit gives A the text weight 1 and B 0.5, trusts the learned part on
+    neither, and ends with no kind below its best training-free method."""
+    from engine.compose.router import Router
+    from engine.train.anchor_fit import fit
+
+    torch.manual_seed(5)
+    d = 32
+    img = F.normalize(torch.randn(60, d), dim=-1)
+    txt = F.normalize(torch.randn(60, d), dim=-1) * 0.3
+    txt[:30, 0] += 1.0   # operation A
+    txt[30:, 1] += 1.0   # operation B
+    txt = F.normalize(txt, dim=-1)
+    text_targets = txt[:30]                        # A: the text itself
+    sum_targets = prior(img[30:], txt[30:], 0.5)   # B: the weighted sum at 0.5
+    distract = F.normalize(torch.randn(60, d), dim=-1)
+    gallery = torch.cat([text_targets, sum_targets, distract])
+    learned = distract[torch.arange(60) % 60]
+    targets = [[i] for i in range(60)]
+    suite = _set("suite val", img, txt, learned, gallery, targets, ["a"] * 30 + ["b"] * 30)
+    dom = _set("cir val", img, txt, learned, gallery, targets, ["x"] * 60)
+    w = torch.zeros(2, d)
+    w[0, 0], w[1, 1] = 20.0, 20.0
+    anchor = Anchor(AnchorConfig(weight=0.0), router=Router(w, torch.zeros(2), ["op-a", "op-b"]))
+    cfg, report = fit(anchor, suite, dom)
+    best = report["best_training_free"]
+    assert cfg.route == 1.0 and report["routes"]["chosen"]
+    assert report["prior"]["suite_val_kinds"]["a"] < best["a"] - 10   # one alpha (0.5) misses A's targets
+    assert report["routes"]["prior_text_weight"]["op-a"] >= 0.7       # A leans on its words
+    assert report["routes"]["prior_text_weight"]["op-b"] == pytest.approx(0.5)
+    assert report["shortfall_below_training_free"] == 0.0
+    for kind in ("a", "b"):
+        assert report["chosen"]["suite_val_kinds"][kind] >= best[kind] - 1.0
+    # the prior the composer applies is the formula's, with each query's own text weight sum_k p_k a_k
+    anchor.config = cfg
+    a = anchor.router.probabilities(txt) @ anchor.router.alpha
+    assert torch.allclose(anchor.text_weight(txt), a)
+    zero = torch.zeros(60)
+    assert torch.allclose(anchor.blend(img, txt, learned, tau=zero),
+                          F.normalize((1 - a)[:, None] * img + a[:, None] * txt, dim=-1), atol=1e-5)
+
+
+def test_a_routed_text_weight_round_trips_in_the_checkpoint_and_is_explained(tmp_path, tiny):
+    from engine.compose.router import Router
+
+    d = tiny.embed_dim
+    torch.manual_seed(1)
+    router = Router(torch.randn(2, d), torch.zeros(2), ["colour", "category"], torch.tensor([0.5, 0.0]),
+                    torch.tensor([0.5, 1.0]))
+    anchor = Anchor(AnchorConfig(weight=1.0, route=1.0), router=router)
+    model = RTIC(RTICConfig(dim=d, n_blocks=1)).eval()
+    path = save_rtic(tmp_path / "rtic-a.safetensors", model, tiny.fingerprint, tiny.name, anchor=anchor)
+    _, record = load_rtic(path, tiny.fingerprint)
+    back = load_anchor(path, record)
+    assert torch.allclose(back.router.alpha, router.alpha)
+    comp = RTICComposer(tiny, model, record, anchor=back)
+    img = F.normalize(torch.randn(d), dim=0)
+    out = comp.compose(Query(text="a cat instead", image_embedding=img, has_image=True))
+    t = tiny.encode_texts(["a cat instead"]).embeddings.float()
+    assert out.explanation["prior_text_weight"] == pytest.approx(float(router.text_weight(t)[0]), abs=1e-3)
+    with pytest.raises(ValueError):
+        Router(torch.randn(2, d), torch.zeros(2), ["a", "b"], None, torch.tensor([float("nan"), 1.0]))

@@ -13,9 +13,18 @@ def test_search_endpoint_through_gradio_client(app_server, gallery_engine, galle
                                                 api_name="/search")
     data = json.loads(raw)
     assert len(gallery) == 4 and len(data["results"]) == 4
-    assert all("cat" in gallery_labels[r["path"]] for r in data["results"][:3])
+    from engine.search import search
+
+    direct = search(gallery_engine, text="a photo of a cat", method="text", k=4)   # the engine's own answer
+    assert [r["id"] for r in data["results"]] == [r.id for r in direct.results]
+    assert "cat" in gallery_labels[data["results"][0]["path"]]
     assert [r["rank"] for r in data["results"]] == [1, 2, 3, 4]
     assert "Timings" in explanation
+    # the one contract (engine.query): k out of range is clamped and said, as on every other route
+    from engine.query import K_MAX, limit_sentence
+
+    _, _, raw = client.predict(None, "a photo of a cat", "text", 0.5, 100000, False, "none", 0, api_name="/search")
+    assert json.loads(raw)["notices"][0] == f"{limit_sentence('k')}; 100000 was changed to {K_MAX}."
 
     ref = str(gallery_engine.index.image_path(7))
     # a gallery photo as the reference is left out of its own results by default (8 arguments, as before) ...

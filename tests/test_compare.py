@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from engine.compare import bench_compare, column_key, compare, compare_plan, main
+from engine.compare import CompareColumn, bench_compare, column_key, compare, compare_plan, main
 from engine.compose import Composition
 from engine.errors import InputError
 from engine.search import search
@@ -151,14 +151,19 @@ def test_compare_html_columns_shared_marks_and_alt_text(gallery_engine):
     html = compare_html(gallery_engine.index.display_path, data)
     for c in data["columns"]:
         assert html.count(f'id="{column_dom_id(c["key"])}"') == 1
+        if c["key"] not in data["same_as"]:
+            for r in c["response"]["results"]:
+                assert f'alt="{esc(r["caption"])}"' in html
+    # marked only when fewer than half of the different answers found it (found by most of them is no news)
+    ran = [c for c in data["columns"] if not c["error"] and c["key"] not in data["same_as"]]
+    found = {}
+    for c in ran:
         for r in c["response"]["results"]:
-            assert f'alt="{esc(r["caption"])}"' in html
-    # marked only when most of the columns found it (found by two of five is no news)
-    ran = [c for c in data["columns"] if not c["error"]]
-    need = len(ran) // 2 + 1
-    found = {i: len(keys) for i, keys in data["shared"].items()}
-    n_marked = sum(1 for c in ran for r in c["response"]["results"] if found.get(str(r["id"]), 0) >= need)
-    assert len(ran) >= 4 and html.count('class="cmp-item shared"') == n_marked > 0
+            found[r["id"]] = found.get(r["id"], 0) + 1
+    n_marked = sum(1 for c in ran for r in c["response"]["results"] if 2 * found[r["id"]] < len(ran))
+    assert len(ran) >= 3 and data["answers"] == len(ran)
+    assert html.count('class="cmp-item shared"') == n_marked > 0
+    assert "⧉" not in html and "gate mean" not in html  # words, not symbols or internals
     assert column_dom_id("sum+lattqe") == "compare-col-sum-lattqe"
     evil = json.loads(json.dumps(data))
     evil["columns"][0]["response"]["results"][0]["caption"] = '<script>alert(1)</script>"'
@@ -174,9 +179,8 @@ def test_after_query_takes_and_gives_everything_by_name(gallery_engine):
     from demo.ui import _named
 
     image = str(gallery_engine.index.image_path(7))
-    raw = h.run_search(gallery_engine, image, "at night", "sum", 0.5, 3, False, "none", 0)[2]
-    out = h.after_query(gallery_engine, "search", image=image, text="at night", method="sum", alpha=0.5, k=3,
-                        lattqe_on=False, expander="aqe", nqe=16, raw=raw, history=[])
+    _, _, raw, _, run = h.run_search(gallery_engine, image, "at night", "sum", 0.5, 3, False, "aqe", 16)
+    out = h.after_query(gallery_engine, run=run, history=[])
     assert isinstance(out, h.Recorded) and "expand=aqe" in out.qs and out.history[0]["qs"] == out.qs
     assert out.last["asked"]["text"] == "at night" and out.last["results"] == json.loads(raw)["results"]
     with gr.Blocks():
@@ -215,3 +219,24 @@ def test_restore_from_link_and_history_rerun(gallery_engine):
     # a broken link leaves the page as it is
     Req.query_params = {"image": "gallery:99999", "text": "x"}
     assert h.restore_from_url(gallery_engine, [], Req()) is None
+
+
+def test_an_identical_column_says_same_as_and_is_not_counted_twice(gallery_engine):
+    """Two methods with the same answer: the second column says "Same results as ..." instead of repeating it,
+    and the marks count different answers (a majority made of copies is not a majority)."""
+    from demo.formatting import compare_html, compare_summary_markdown
+
+    res = compare(gallery_engine, image=7, text="the same but red", k=4, lattqe=False)
+    first = res.columns[0]
+    copy = CompareColumn("copy", first.method, "none", "A copy", 1.0, first.response)
+    res.columns.append(copy)
+    data = json.loads(json.dumps(res.to_json()))
+    assert data["same_as"]["copy"] == first.key
+    html = compare_html(gallery_engine.index.display_path, data)
+    assert f"Same results as {first.label}." in html
+    assert html.split('id="compare-col-copy"')[1].split("</section>")[0].count("cmp-item") == 0
+    assert f"same results as {first.label}" in compare_summary_markdown(data)
+    answers = data["answers"]
+    assert answers == len({tuple(c.ids) for c in res.columns if c.response is not None}) < len(res.columns)
+    for i, n in data["minority"].items():
+        assert 2 * n < answers

@@ -11,8 +11,12 @@ ROOT = Path(__file__).resolve().parent.parent
 GALLERY = ROOT / "assets" / "gallery"
 
 
-def test_each_example_finds_at_least_three_right_answers_in_its_top_five(gallery_engine, gallery_labels):
+def test_each_example_finds_at_least_four_right_answers_in_its_top_five(gallery_engine, gallery_labels):
+    """Each "Try one" example (one per edit the tagline names: another colour, at night, in black and white, another
+    kind of object) has at least 4 right answers in the gallery, and the page's default method puts at least 4 of
+    them in its top 5 (the answers were judged by eye once; the labels record them)."""
     from demo.handlers import EXAMPLES, example_queries
+    from demo.ui import INTRO
     from engine.search import search
 
     picks = example_queries(gallery_engine)
@@ -20,9 +24,12 @@ def test_each_example_finds_at_least_three_right_answers_in_its_top_five(gallery
     method = gallery_engine.default_method  # what the page runs when an example is clicked
     for (item_id, text), (path, _, right) in zip(picks, EXAMPLES):
         assert gallery_engine.index.items[item_id]["path"] == path
+        assert text in INTRO  # the tagline promises what the examples show
+        answers = [p for p, labs in gallery_labels.items() if right & set(labs) and p != path]
+        assert len(answers) >= 4, (path, text, answers)
         resp = search(gallery_engine, image=item_id, text=text, method=method, k=5, exclude_reference=True)
-        found = [r.path for r in resp.results if right & set(gallery_labels.get(r.path, []))]
-        assert len(found) >= 3, (path, text, method, [r.path for r in resp.results])
+        found = [r.path for r in resp.results if r.path in answers]
+        assert len(found) >= 4, (path, text, method, [r.path for r in resp.results])
 
 
 def test_the_gallery_has_no_mirrors_decals_crops_or_near_duplicates(gallery_engine):

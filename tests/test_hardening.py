@@ -299,7 +299,7 @@ def _rendered(md: str) -> str:
 def test_markdown_in_the_query_text_never_renders_as_link_or_image(app_server, gallery_engine):
     from demo import handlers as h
 
-    _, expl, _, _ = h.run_search(gallery_engine, None, LINK, "sum", 0.5, 3, False, "none", 16)
+    _, expl, _, _, _ = h.run_search(gallery_engine, None, LINK, "sum", 0.5, 3, False, "none", 16)
     html_ = _rendered(expl)
     assert "Session expired" in html_ and "<a " not in html_ and "<img" not in html_  # shown, not linked
     assert "https://" not in expl and "www.evil" not in expl  # nothing a GFM autolinker could pick up

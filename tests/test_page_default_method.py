@@ -13,6 +13,6 @@ def test_the_page_offers_the_engines_default_method_and_says_how_it_was_chosen(g
     method = gallery_engine.default_method
     assert method in gallery_engine.composers
     line = html.unescape(default_method_note(gallery_engine))  # as rendered
-    assert line.startswith(f"Default method: **{method_label_of(method)}**")
-    assert gallery_engine.defaults.why() in line and "\n" not in line and len(line) < 200
+    assert line.startswith(f"Method in use: **{method_label_of(method)}**. Why: ")
+    assert "\n" not in line and len(line) < 200  # one plain sentence; the figures are in "About this engine"
     json.dumps(gallery_engine.info()["default_method"])  # plain data for `engine info`

@@ -11,6 +11,7 @@ from PIL import Image
 
 from engine import export as ex
 from engine.errors import InputError
+from engine.query import SearchRequest
 from engine.search import search
 from engine.share import (QueryState, from_query_string, reference_file, resolve_reference, share_url, state_for,
                           to_query_string)
@@ -19,7 +20,8 @@ STATES = [
     QueryState(image_id=12, text="the same but red", method="sum", alpha=0.35, k=8, expand="none", nqe=64),
     QueryState(image_hash="ab" * 32, text="à la plage & at night?=#%", method="context-i2w", alpha=0.5, k=200,
                expand="lattqe", nqe=7, view="compare"),
-    QueryState(text="a cat", method="text", alpha=1.0, k=1, expand="alpha-qe", nqe=4096),
+    QueryState(text="a cat", method="text", alpha=1.0, k=1, expand="alpha-qe", nqe=512, keep_reference=True),
+    QueryState(image_id=3, text="a dog", negative_text="grass", expand="lattqe"),
     QueryState(image_id=0, text="", method="image", alpha=0.0, k=12),
 ]
 
@@ -42,7 +44,7 @@ def test_url_parsing_ignores_unknown_and_rejects_bad_values():
     st = from_query_string("text=red&__theme=dark")
     assert st == QueryState(text="red")
     for bad, msg in [("image=file:/etc/passwd", "bad image"), ("image=sha256:xyz", "bad image"),
-                     ("text=a&alpha=2", "alpha"), ("text=a&k=0", "k in the link"), ("text=a&k=ten", "numbers"),
+                     ("text=a&k=ten", "k \\(the number of results\\) must be a whole number from 1 to 200"),
                      ("text=a&method=rm%20-rf", "method"), ("text=a&view=admin", "view")]:
         with pytest.raises(InputError, match=msg):
             from_query_string(bad)
@@ -53,13 +55,13 @@ def test_state_from_ui_values_and_restore(gallery_engine, tmp_path):
     # a file with a gallery image's content is shared by id, and restored to that id
     copy = tmp_path / "copy.jpg"
     shutil.copy(eng.index.image_path(5), copy)
-    st = state_for(eng, str(copy), " red ", "sum", 0.5, 6, "none", 64)
+    st = state_for(eng, SearchRequest.build(image=str(copy), text=" red ", method="sum", k=6, nqe=64))
     assert st.image_id == 5 and st.image_hash is None and st.text == "red"
     assert resolve_reference(eng, from_query_string(to_query_string(st))) == 5
     # an upload not in the gallery is shared by hash; restorable only while its features are cached
     up = tmp_path / "upload.png"
     Image.fromarray(np.random.default_rng(0).integers(0, 255, (40, 50, 3), dtype=np.uint8)).save(up)
-    st = state_for(eng, str(up), "red", "sum", 0.5, 6, "none", 64)
+    st = state_for(eng, SearchRequest.build(image=str(up), text="red", method="sum", k=6, nqe=64))
     assert st.image_id is None and len(st.image_hash) == 64
     restored = from_query_string(to_query_string(st))
     with pytest.raises(InputError, match="no longer held"):

@@ -262,6 +262,8 @@ def test_gallery_has_ground_truth_categories():
     rows = _attribution_rows()
     originals = {rows[f][2].split(" (crop")[0] for f in cats}
     assert len(originals) == len(cats)
-    for name, minimum in [("fruit", 10), ("flower", 10), ("vehicles", 10), ("buildings", 20),
-                          ("products", 15), ("bird", 10), ("fish", 10), ("tools", 10)]:
+    # fruit and flowers are few since #33 dropped every photo under 256 px (most were 50-px Tux Paint stamps and no
+    # larger photo of them installs offline); the other kinds have gained members
+    for name, minimum in [("fruit", 5), ("flower", 3), ("vehicles", 10), ("buildings", 40), ("night", 12),
+                          ("black and white", 12), ("products", 15), ("bird", 10), ("fish", 10), ("tools", 20)]:
         assert len(with_label(name)) >= minimum, name

@@ -16,7 +16,11 @@ and no two images the packaged backbone cannot tell apart (cosine >= ``MAX_COSIN
 name stays). ``--embeddings`` then writes the prebuilt index of the gallery for the packaged backbone
 (``assets/prebuilt/``, engine/prebuilt.py), which the app uses on its first start instead of embedding.
 
-Usage: ``python tools/build_gallery.py [--out assets/gallery] [--seed 0]``,
+The second pass (issue #33, ``refresh()``, tables in ``tools/gallery_additions.py``) follows: no photo under 256 px,
+larger photos of the same subjects, colour variants, and night and black-and-white sets (real, and derived with
+``engine.data.tone.photo_edit``); ``--refresh`` applies it alone to the gallery in place.
+
+Usage: ``python tools/build_gallery.py [--out assets/gallery] [--seed 0]``, ``python tools/build_gallery.py --refresh``,
 ``python tools/build_gallery.py --prune --embeddings`` (clean the gallery in place, then write the prebuilt index).
 """
 from __future__ import annotations
@@ -507,6 +511,9 @@ ATTRIBUTION_HEADER = """\
 #   saleor 2.10.1 (PyPI wheel): saleor/static/placeholders, BSD-3-Clause, Copyright Mirumee Software.
 #   scikit-image: skimage/data, licences as stated in the skimage.data docstrings.
 #   scikit-learn: sklearn/datasets/images, CC-BY-2.0 (see its README.txt).
+# Photos under 256 px on their longest side are not in the gallery. A "(derived from <gallery path> by
+# engine.data.tone.photo_edit(rgb, '<kind>'))" after the original file marks a night ('night') or black-and-white
+# ('bw') version of that gallery photo, made by this project's tone edit; it keeps that photo's licence and author.
 """
 
 
@@ -594,6 +601,104 @@ def prune(out: Path, backbone, work: Path, max_cosine: float = MAX_COSINE) -> Di
     return drops
 
 
+# ---------------------------------------------------------------------------------------
+# the second pass (issue #33): no photo under MIN_SIDE px, larger photos of the same subjects, colour variants,
+# night and black-and-white sets (tools/gallery_additions.py)
+
+
+def _source_records(sources_needed) -> Dict[Tuple[str, str], PhotoRecord]:
+    """{(source, original): record} for the originals the additions name."""
+    out: Dict[Tuple[str, str], PhotoRecord] = {}
+    if "gcompris" in sources_needed:
+        for r in sources.gcompris_images():
+            if "/src/activities/" in r.ref:
+                out[("gcompris", r.ref.split("/src/activities/", 1)[1])] = r
+    if "tuxpaint" in sources_needed:
+        for r in sources.tuxpaint_stamps():
+            out[("tuxpaint", r.ref)] = r
+    return out
+
+
+def derive_jpeg(base: Path, kind: str) -> Tuple[bytes, Tuple[int, int]]:
+    """The ``kind`` edit (engine.data.tone.photo_edit) of a gallery photo, as a gallery JPEG."""
+    import torch
+
+    from engine.data.tone import photo_edit
+
+    with Image.open(base) as img:
+        rgb = torch.from_numpy(np.asarray(img.convert("RGB"), dtype=np.float32) / 255.0).permute(2, 0, 1)
+    edited = (photo_edit(rgb, kind).permute(1, 2, 0).numpy() * 255.0).round().clip(0, 255).astype(np.uint8)
+    out = Image.fromarray(edited)
+    buf = io.BytesIO()
+    out.save(buf, "JPEG", quality=JPEG_QUALITY, optimize=True)
+    return buf.getvalue(), out.size
+
+
+def refresh(out: Path) -> Dict[str, str]:
+    """Applies the second pass to the gallery at ``out`` in place: drops every photo under ``MIN_SIDE`` px on its
+    long side (unless an addition replaces it under the same name with a larger photo of the same subject), adds
+    ``ADDITIONS`` and ``DERIVED``, and adds the colour and black-and-white labels. Returns {path: what happened}."""
+    from tools.gallery_additions import (ADDITIONS, COLOUR_LABELS, DERIVED, EDIT_WORDS, KIND_LABELS, MIN_SIDE,
+                                         REAL_BLACK_AND_WHITE)
+
+    attribution = out.parent / "ATTRIBUTION"
+    rows = {row[0]: row for row in read_attribution(attribution)}
+    captions = json.loads((out / "captions.json").read_text(encoding="utf-8"))
+    labels = json.loads((out / "labels.json").read_text(encoding="utf-8"))
+    report: Dict[str, str] = {}
+    replaced = {rel for rel, *_ in ADDITIONS}
+    for rel in sorted(captions):
+        with Image.open(out / rel) as img:
+            side = max(img.size)
+        if side < MIN_SIDE and rel not in replaced:
+            (out / rel).unlink()
+            captions.pop(rel)
+            labels.pop(rel, None)
+            rows.pop(rel, None)
+            report[rel] = f"dropped: {side} px on its long side"
+    records = _source_records({src for _, src, *_ in ADDITIONS})
+    for rel, src, original, caption, labs in ADDITIONS:
+        record = records.get((src, original))
+        if record is None:
+            raise SystemExit(f"{rel}: {src} has no {original}")
+        data, size, _ = to_gallery_jpeg(record)
+        if max(size) < MIN_SIDE:
+            raise SystemExit(f"{rel}: {original} is {max(size)} px on its long side, under {MIN_SIDE}")
+        report[rel] = ("replaced by " if rel in captions else "added: ") + f"{record.source} {original}"
+        (out / rel).parent.mkdir(parents=True, exist_ok=True)
+        (out / rel).write_bytes(data)
+        captions[rel], labels[rel] = caption, _dedupe(labs)
+        rows[rel] = (rel, f"{record.source} {record.version}", record.ref, record.licence,
+                     (record.author or "").replace("\t", " "), record.url or "")
+    for rel in REAL_BLACK_AND_WHITE:
+        labels[rel] = _dedupe(labels[rel] + ["black and white"])
+    for rel, extra in [*COLOUR_LABELS.items(), *KIND_LABELS.items()]:
+        if rel in labels:
+            labels[rel] = _dedupe(labels[rel] + extra)
+    colour_words = {lab for labs in COLOUR_LABELS.values() for lab in labs}
+    for rel, base, kind in DERIVED:
+        if base not in captions:
+            raise SystemExit(f"{rel}: its base photo {base} is not in the gallery")
+        phrase, label, base_label = EDIT_WORDS[kind]
+        data, size = derive_jpeg(out / base, kind)
+        (out / rel).write_bytes(data)
+        how = f"derived from {base} by engine.data.tone.photo_edit(rgb, {kind!r})"
+        captions[rel] = f"{captions[base]} {phrase} ({how})"
+        # a black-and-white version has no colour: the base's colour labels do not carry over
+        dropped = {"day", "colour"} | (colour_words if kind == "bw" else set())
+        labels[rel] = _dedupe([lab for lab in labels[base] if lab not in dropped] + [label])
+        labels[base] = _dedupe(labels[base] + [base_label])
+        b = rows[base]
+        rows[rel] = (rel, b[1], f"{b[2]} ({how})", b[3], b[4], b[5])
+        report[rel] = f"added: {how}"
+    for name, data in (("captions.json", captions), ("labels.json", labels)):
+        tmp = out / f".{name}.tmp"
+        tmp.write_text(json.dumps(data, indent=1, ensure_ascii=False, sort_keys=True) + "\n", encoding="utf-8")
+        os.replace(tmp, out / name)
+    write_attribution(attribution, [rows[k] for k in sorted(rows)])
+    return report
+
+
 def write_embeddings(out: Path, backbone, work: Path) -> Path:
     """The prebuilt index of the gallery for ``backbone`` (engine/prebuilt.py)."""
     from engine.prebuilt import is_bundled, write_prebuilt
@@ -612,6 +717,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                     help="folder holding (or receiving) the saleor wheel; default: the engine cache")
     ap.add_argument("--prune", action="store_true",
                     help="only apply the clean-up rules to the gallery already at --out (no rebuild from sources)")
+    ap.add_argument("--refresh", action="store_true",
+                    help="apply the second pass (tools/gallery_additions.py) to the gallery already at --out, then "
+                         "the clean-up rules")
     ap.add_argument("--embeddings", action="store_true",
                     help="then write the prebuilt index for the packaged backbone to assets/prebuilt/")
     ap.add_argument("--max-cosine", type=float, default=MAX_COSINE)
@@ -621,28 +729,32 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     work = cache_dir() / "build-gallery-index"   # incremental: re-running embeds only changed photos
     backbone = create_backbone("packaged", "cpu")
-    if args.prune or args.embeddings:
-        if args.prune:
-            before = len(json.loads((args.out / "captions.json").read_text(encoding="utf-8")))
-            drops = prune(args.out, backbone, work, args.max_cosine)
-            for rel, why in sorted(drops.items()):
-                print(f"removed {rel}: {why}")
-            print(f"{before} -> {before - len(drops)} photos")
-        if args.embeddings:
-            print("prebuilt index:", write_embeddings(args.out, backbone, work).relative_to(ROOT))
-        return 0
-    summary = build(args.out, seed=args.seed, saleor_cache=args.saleor_cache)
-    drops = prune(args.out, backbone, work, args.max_cosine)
-    summary["files"] = int(summary["files"]) - len(drops)
-    for rel, why in sorted(drops.items()):
-        print(f"removed {rel}: {why}")
-    print(f"\n{summary['files']} photos, {summary['bytes'] / 1e6:.1f} MB in {args.out}")
-    for cat, n in summary["per_category"].items():
-        print(f"  {cat:10s} {n}")
-    print("cats:", ", ".join(summary["cats"]))
-    print("dogs:", ", ".join(summary["dogs"]))
+    if not (args.prune or args.refresh or args.embeddings):
+        build(args.out, seed=args.seed, saleor_cache=args.saleor_cache)
+    if args.refresh or not args.prune and not args.embeddings:
+        for rel, what in sorted(refresh(args.out).items()):
+            print(f"{rel}: {what}")
+    if args.prune or args.refresh or not args.embeddings:
+        before = len(json.loads((args.out / "captions.json").read_text(encoding="utf-8")))
+        drops = prune(args.out, backbone, work, args.max_cosine)
+        for rel, why in sorted(drops.items()):
+            print(f"removed {rel}: {why}")
+        print(f"{before} -> {before - len(drops)} photos")
+        summarise(args.out)
+    if args.embeddings:
+        print("prebuilt index:", write_embeddings(args.out, backbone, work).relative_to(ROOT))
     return 0
 
+
+def summarise(out: Path) -> None:
+    """Prints the count per category, the size and the cat and dog files of the gallery at ``out``."""
+    labels = json.loads((out / "labels.json").read_text(encoding="utf-8"))
+    size = sum((out / rel).stat().st_size for rel in labels)
+    print(f"\n{len(labels)} photos, {size / 1e6:.1f} MB in {out}")
+    for cat, n in sorted(Counter(rel.split("/", 1)[0] for rel in labels).items()):
+        print(f"  {cat:10s} {n}")
+    for name in ("cat", "dog", "night", "black and white"):
+        print(f"{name}:", ", ".join(sorted(p for p, labs in labels.items() if name in labs)))
 
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 LAYERS: List[Tuple[str, Set[str]]] = [
     ("foundation", {"engine", "config", "errors", "registry", "fileio", "sysinfo", "images", "labels", "reports"}),
-    ("stored parts and links", {"checkpoints", "fetch", "share", "export"}),
+    ("stored parts and links", {"checkpoints", "fetch", "share", "export", "query"}),
     ("model parts", {"backbones", "compose", "expand", "index"}),
     ("search", {"search", "defaults"}),
     ("serving", {"service", "batching", "compare", "prebuilt"}),

@@ -99,10 +99,11 @@ def familiarity(x: torch.Tensor, bank: Optional[torch.Tensor]) -> torch.Tensor:
     return (F.normalize(x.float(), dim=-1) @ F.normalize(bank.float(), dim=-1).T).max(dim=-1).values
 
 
-def prior(image: torch.Tensor, text: torch.Tensor, alpha: float) -> torch.Tensor:
-    """(B, D) the normalised weighted sum of normalised image and text embeddings."""
-    return F.normalize((1 - alpha) * F.normalize(image.float(), dim=-1) + alpha * F.normalize(text.float(), dim=-1),
-                       dim=-1)
+def prior(image: torch.Tensor, text: torch.Tensor, alpha) -> torch.Tensor:
+    """(B, D) the normalised weighted sum of normalised image and text embeddings; ``alpha`` (the text's weight)
+    is one number or one per query (B,)."""
+    a = alpha.float().reshape(-1, 1) if isinstance(alpha, torch.Tensor) else float(alpha)
+    return F.normalize((1 - a) * F.normalize(image.float(), dim=-1) + a * F.normalize(text.float(), dim=-1), dim=-1)
 
 
 class Anchor:
@@ -136,6 +137,15 @@ class Anchor:
             return familiarity(op_text, self.op_bank), familiarity(image, self.image_bank)
         return familiarity(text, self.text_bank), familiarity(image, self.image_bank)
 
+    def text_weight(self, text: torch.Tensor):
+        """The prior's text weight: one per query (B,) from the router's per-operation weights when it has them,
+        else the config's one ``alpha``."""
+        if self.routed:
+            a = self.router.text_weight(text)
+            if a is not None:
+                return a
+        return self.config.alpha
+
     def trust(self, image: torch.Tensor, text: torch.Tensor, op_text: Optional[torch.Tensor] = None) -> torch.Tensor:
         """(B,) the share tau of the learned correction for each query."""
         c = self.config
@@ -148,7 +158,7 @@ class Anchor:
               tau: Optional[torch.Tensor] = None) -> torch.Tensor:
         """(B, D) normalise((1 - tau) * prior + tau * normalise(learned))."""
         tau = self.trust(image, text) if tau is None else tau
-        p = prior(image, text, self.config.alpha)
+        p = prior(image, text, self.text_weight(text))
         return F.normalize((1 - tau)[:, None] * p + tau[:, None] * F.normalize(learned.float(), dim=-1), dim=-1)
 
     def explain_blend(self, image: torch.Tensor, text: torch.Tensor, learned: torch.Tensor,
@@ -163,6 +173,8 @@ class Anchor:
             name, prob = self.router.top(text)
             expl["operation"] = {"name": name, "probability": round(prob, 3),
                                  "trust": round(float(self.router.trust[self.router.classes.index(name)]), 3)}
+            a = self.text_weight(text)
+            expl["prior_text_weight"] = round(float(a[0] if isinstance(a, torch.Tensor) else a), 3)
         elif self.uses_operations and op_text is not None:
             expl["familiarity_of"] = "the operation (content words masked)"
         return self.blend(image, text, learned, tau), expl
@@ -197,6 +209,21 @@ def operation_text(anchor: Optional[Anchor], backbone, texts: Sequence[str]) -> 
 
 
 
+def blend_many(anchor: Optional[Anchor], backbone, image: torch.Tensor, text: torch.Tensor, learned: torch.Tensor,
+               texts: Sequence[str]):
+    """((B, D) the anchored vectors, (B,) each query's share tau) for a batch (tau 1 without an anchor: the
+    learned vectors as they are)."""
+    if anchor is None:
+        return learned, torch.ones(learned.shape[0])
+    tau = anchor.trust(image, text, operation_text(anchor, backbone, texts))
+    return anchor.blend(image, text, learned, tau), tau
+
+
+def composable(queries) -> bool:
+    """Whether every query has an image and a text (a learned composer's batch path; else one at a time)."""
+    return all(q.has_image and q.text and q.text.strip() for q in queries)
+
+
 def split_state(state: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
     """``state`` without the anchor's tensors (what the composer's own module loads)."""
     return {k: v for k, v in state.items() if not k.startswith(PREFIX)}
@@ -219,15 +246,17 @@ def load_anchor(path, record: dict) -> Optional[Anchor]:
             text = f.get_tensor(PREFIX + "text_bank") if PREFIX + "text_bank" in keys else None
             image = f.get_tensor(PREFIX + "image_bank") if PREFIX + "image_bank" in keys else None
             ops = f.get_tensor(PREFIX + "op_bank") if PREFIX + "op_bank" in keys else None
-            route = {k: f.get_tensor(PREFIX + k) for k in ("route_w", "route_b", "route_trust") if PREFIX + k in keys}
+            route = {k: f.get_tensor(PREFIX + k) for k in ("route_w", "route_b", "route_trust", "route_alpha")
+                     if PREFIX + k in keys}
         vocab = record.get("anchor_vocab") or ()
         if not (isinstance(vocab, (list, tuple)) and all(isinstance(w, str) for w in vocab)):
             raise ValueError("anchor_vocab is not a list of words")
         router = None
-        if len(route) == 3:
+        if {"route_w", "route_b", "route_trust"} <= set(route):
             from .router import Router
 
-            router = Router(route["route_w"], route["route_b"], record.get("anchor_routes") or [], route["route_trust"])
+            router = Router(route["route_w"], route["route_b"], record.get("anchor_routes") or [], route["route_trust"],
+                            route.get("route_alpha"))
         return Anchor(AnchorConfig.from_dict(record["anchor"]), text, image, ops, vocab, router)
     except Exception as exc:
         raise CheckpointError(f"{Path(path).name}: its prior anchor cannot be read ({exc.__class__.__name__})") from None

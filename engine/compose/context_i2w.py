@@ -542,6 +542,28 @@ class ContextI2WComposer(Composer):
         }
         return Composition(normalise(vec), explanation, notices + list(enc.notices))
 
+    @torch.no_grad()
+    def compose_many(self, queries: List[Query], batch: int = 64) -> List[Composition]:
+        from .anchor import blend_many, composable
+
+        if not composable(queries) or any(q.image_tokens is None for q in queries):
+            return super().compose_many(queries)
+        out: List[Composition] = []
+        ph = self.mapper.config.placeholder
+        for i in range(0, len(queries), batch):
+            chunk = queries[i : i + batch]
+            prompts = [build_prompt(self.mapper.config, sanitise_text(q.text, ph)[0]) for q in chunk]
+            ctx = self.backbone.encode_texts(prompts).embeddings.float().to(self.backbone.device)
+            tok = torch.stack([q.image_tokens.float() for q in chunk]).to(self.backbone.device)
+            vec = self.backbone.encode_texts_with_pseudo(prompts, self.mapper(ctx, tok)).float().cpu()
+            texts = [q.text for q in chunk]
+            raw = self.backbone.encode_texts(texts).embeddings.float().cpu() if self.anchor is not None else vec
+            image = torch.stack([q.image_embedding.detach().float().cpu().reshape(-1) for q in chunk])
+            vec, tau = blend_many(self.anchor, self.backbone, image, raw, vec, texts)
+            out += [Composition(normalise(v), {"trust": round(float(t), 4)} if self.anchor is not None else {})
+                    for v, t in zip(vec, tau)]
+        return out
+
 
 def load_context_i2w_composer(backbone, checkpoint_dir=None) -> ContextI2WComposer:
     """The composer for ``backbone`` from the best checkpoint on the search path (engine.checkpoints.find)."""

@@ -7,7 +7,10 @@ operation from the text embedding: a linear classifier ``p = softmax(W t + b)`` 
 texts written from templates and open vocabularies alone (``engine.train.router``: no picture needed, and
 never a validation or test word or template). Each class has a trust ``w_k`` chosen on validation
 (``engine.train.anchor_fit``); a query's share of the learned correction is ``tau = sum_k p_k w_k`` (times
-the anchor's image ramp). The tensors travel in the composer's checkpoint (``anchor.route_*``), the class
+the anchor's image ramp). Each class can also carry the prior's own text weight ``a_k`` (also chosen on
+validation): the training-free prior a composer is anchored to is then ``normalise((1 - a) img + a txt)`` with
+``a = sum_k p_k a_k``, so "a cat instead" leans on the words (a new object owes little to the reference's
+look) and "the same car in red" keeps the reference. The tensors travel in the composer's checkpoint (``anchor.route_*``), the class
 names in its record (``anchor_routes``).
 """
 from __future__ import annotations
@@ -19,15 +22,20 @@ import torch
 
 class Router:
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor, classes: Sequence[str],
-                 trust: Optional[torch.Tensor] = None):
+                 trust: Optional[torch.Tensor] = None, alpha: Optional[torch.Tensor] = None):
         k = len(classes)
         if weight.ndim != 2 or weight.shape[0] != k or bias.shape != (k,):
             raise ValueError(f"router tensors do not match its {k} classes")
         self.weight, self.bias = weight.float(), bias.float()
         self.classes: List[str] = list(classes)
-        self.trust = torch.zeros(k) if trust is None else trust.float().reshape(k).clamp(0.0, 1.0)
-        if not torch.isfinite(self.weight).all() or not torch.isfinite(self.bias).all():
-            raise ValueError("router tensors are not finite")
+        self.trust = torch.zeros(k) if trust is None else trust.float().reshape(k)
+        # the prior's text weight per operation (None: the anchor's one alpha for every operation)
+        self.alpha = None if alpha is None else alpha.float().reshape(k)
+        for t in (self.weight, self.bias, self.trust, *(() if self.alpha is None else (self.alpha,))):
+            if not torch.isfinite(t).all():
+                raise ValueError("router tensors are not finite")
+        self.trust = self.trust.clamp(0.0, 1.0)
+        self.alpha = None if self.alpha is None else self.alpha.clamp(0.0, 1.0)
 
     def probabilities(self, text: torch.Tensor) -> torch.Tensor:
         """(B, D) text embeddings -> (B, K) operation probabilities."""
@@ -38,11 +46,18 @@ class Router:
         """(B,) sum_k p_k w_k."""
         return self.probabilities(text) @ self.trust
 
+    def text_weight(self, text: torch.Tensor) -> Optional[torch.Tensor]:
+        """(B,) the prior's text weight sum_k p_k a_k (None when the router carries no per-operation weights)."""
+        return None if self.alpha is None else self.probabilities(text) @ self.alpha
+
     def top(self, text: torch.Tensor) -> Tuple[str, float]:
         p = self.probabilities(text[:1])[0]
         i = int(p.argmax())
         return self.classes[i], float(p[i])
 
     def tensors(self, prefix: str) -> dict:
-        return {prefix + "route_w": self.weight.contiguous(), prefix + "route_b": self.bias.contiguous(),
-                prefix + "route_trust": self.trust.contiguous()}
+        out = {prefix + "route_w": self.weight.contiguous(), prefix + "route_b": self.bias.contiguous(),
+               prefix + "route_trust": self.trust.contiguous()}
+        if self.alpha is not None:
+            out[prefix + "route_alpha"] = self.alpha.contiguous()
+        return out

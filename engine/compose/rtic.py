@@ -273,6 +273,24 @@ class RTICComposer(Composer):
         }
         return Composition(vec, explanation, list(enc.notices))
 
+    @torch.no_grad()
+    def compose_many(self, queries: List[Query], batch: int = 256) -> List[Composition]:
+        from .anchor import blend_many, composable
+
+        if not composable(queries):
+            return super().compose_many(queries)
+        out: List[Composition] = []
+        for i in range(0, len(queries), batch):
+            chunk = queries[i : i + batch]
+            texts = [q.text for q in chunk]
+            text = self.backbone.encode_texts(texts).embeddings.detach().float().cpu()
+            image = torch.stack([q.image_embedding.detach().float().cpu().reshape(-1) for q in chunk])
+            vec, _ = self.model.compose(image, text)
+            vec, tau = blend_many(self.anchor, self.backbone, image, text, vec, texts)
+            out += [Composition(normalise(v), {"trust": round(float(t), 4)} if self.anchor is not None else {})
+                    for v, t in zip(vec, tau)]
+        return out
+
 
 def load_rtic_composer(backbone, checkpoint_dir=None, variant: Optional[str] = None) -> RTICComposer:
     """Loads the RTIC checkpoint for ``backbone`` from ``checkpoint_dir`` (default: settings).

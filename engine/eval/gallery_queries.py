@@ -8,7 +8,7 @@ was used, and how many of a method's top-5 lists are the weighted sum's own (wha
 identical columns).
 
 Record format: ``[{"reference": "<path in the gallery>", "text": "...", "answers": ["<path>", ...],
-"kind": "category|colour|light|compositional|..."}]``.
+"kind": "category|colour|night|bw|..."}]`` (``bw``: black and white).
 """
 from __future__ import annotations
 

@@ -250,9 +250,10 @@ def evaluate(backbone, settings: Settings, side: str, composers: Optional[dict] 
     trusts: dict = {}
     qv = compose_queries(backbone, composers, suite.queries, ref_emb, ref_paths=ref_paths, trusts=trusts)
     kinds = np.array([q["kind"] for q in suite.queries])
-    results = {}
+    results, plain = {}, {}
     for name, vecs in qv.items():
-        results[(name, "none")] = summarise(rank_suite(vecs, suite, gallery, gemb, pos), kinds)
+        plain[name] = rank_suite(vecs, suite, gallery, gemb, pos)
+        results[(name, "none")] = summarise(plain[name], kinds)
     if expanders:
         from ..defaults import engine_defaults
 
@@ -263,8 +264,21 @@ def evaluate(backbone, settings: Settings, side: str, composers: Optional[dict] 
                                d.floor_for(ex_name))
                 results[(name, ex_name)] = summarise(r, kinds)
     return {"side": side, "suite": suite.summary(), "results": results, "suite_obj": suite,
-            "tensors": (gallery, gemb, pos), "vectors": qv, "kinds": kinds, "trust": trusts,
+            "tensors": (gallery, gemb, pos), "vectors": qv, "kinds": kinds, "trust": trusts, "ranks": plain,
+            "classes": operation_classes(backbone, composers, suite.queries),
             "hubness": suite_hubness(qv, suite, gemb, pos)}
+
+
+def operation_classes(backbone, composers: dict, queries) -> Optional[List[str]]:
+    """The operation router's class of each query's text (None without an anchored composer's router)."""
+    from ..compose.auto import router_of
+    from ..data.features import embed_texts
+
+    router = router_of(composers)
+    if router is None:
+        return None
+    t = torch.from_numpy(np.asarray(embed_texts(backbone, [q["text"] for q in queries]), dtype=np.float32))
+    return [router.classes[i] for i in router.probabilities(t).argmax(dim=-1).tolist()]
 
 
 USED = 0.25  # a learned correction counts as used on a query when its share tau is at least this
@@ -300,7 +314,7 @@ FLOOR_GRID = (-1.0, 0.8, 0.9, 0.95)
 NQE_FRACTION = 0.02
 
 
-def choose(backbone, settings: Settings, ev: dict) -> dict:
+def choose(backbone, settings: Settings, ev: dict, expander_grid: bool = True) -> dict:
     """The defaults chosen on the validation side ``ev`` (an :func:`evaluate` result on ``val``):
 
     * **method**: the best overall score (:func:`overall_score`) among the composers that take a text alone
@@ -308,19 +322,42 @@ def choose(backbone, settings: Settings, ev: dict) -> dict:
     * **nQE and floor per expander**: over :data:`NQE_GRID` (capped at :data:`NQE_FRACTION` of each gallery)
       and :data:`FLOOR_GRID` (the least cosine a neighbour needs to the query to be averaged in; -1: all), the
       pair whose worst R@10 change over the composers is highest (ties: the lower floor, which expands more
-      often, then the smaller nQE)."""
+      often, then the smaller nQE); with ``expander_grid`` off, the expanders keep the record's earlier values
+      for this backbone (the fallback where there is none) and only the method is chosen again."""
     if ev["side"] != "val":
         raise ValueError("defaults are chosen on the validation side only")
     res = ev["results"]
-    scores = {n: r["overall"] for (n, e), r in res.items() if e == "none"}
+    scores = {n: r["overall"] for (n, e), r in res.items() if e == "none" and n != "auto"}
     textable = [n for n in scores if n != "image" and _takes_text_alone(ev, n)]
     best = max(textable, key=lambda n: scores[n])
     method = "sum" if "sum" in scores and scores[best] - scores["sum"] <= 0.5 else best
+    auto = choose_auto(ev)
+    if auto and auto["cross_fitted"] > scores[method] + 0.5:  # a single (seed) method keeps near-ties
+        method = "auto"
     suite = ev["suite_obj"]
     gallery, gemb, pos = ev["tensors"]
     kinds = ev["kinds"]
     base = {n: r["all"]["R@10"] for (n, e), r in res.items() if e == "none"}
     nqe, floors, grid, changed = {}, {}, {}, {}
+    chosen = {"method": method, "overall_val": {n: round(s, 2) for n, s in scores.items()}}
+    if auto:
+        chosen.update(routes=auto["routes"], auto_val_cross_fitted=round(auto["cross_fitted"], 2))
+    if not expander_grid:
+        from ..defaults import engine_defaults
+
+        kept = engine_defaults(backbone, settings)
+        # how many validation queries of the chosen method each expander moves at the kept values (the page
+        # offers only those that move some): the chosen method's vectors only, so this stays a matter of minutes
+        if method == "auto":
+            from ..compose.auto import routed_vectors
+
+            vecs = {method: routed_vectors(ev["vectors"], ev["classes"], auto["routes"])}
+        else:
+            vecs = {method: ev["vectors"][method]}
+        changed = {ex_name: _queries_changed({**ev, "vectors": vecs}, ex, kept.nqe_for(ex_name), kept.floor_for(ex_name))
+                   for ex_name, ex in _expanders(backbone, settings).items()}
+        return {**chosen, "nqe": dict(kept.nqe), "floor": dict(kept.floor), "nqe_fraction": kept.nqe_fraction,
+                "queries_changed": changed, "queries_changed_of": method}
     for ex_name, ex in _expanders(backbone, settings).items():
         rows = {}
         for value in NQE_GRID:
@@ -331,9 +368,24 @@ def choose(backbone, settings: Settings, ev: dict) -> dict:
         grid[ex_name] = {f"nqe {v}, floor {fl:g}": w for (v, fl), w in rows.items()}
         nqe[ex_name], floors[ex_name] = max(rows, key=lambda vf: (rows[vf], -vf[1], -vf[0]))
         changed[ex_name] = _queries_changed(ev, ex, nqe[ex_name], floors[ex_name])
-    return {"method": method, "overall_val": {n: round(s, 2) for n, s in scores.items()},
-            "nqe": nqe, "floor": floors, "nqe_fraction": NQE_FRACTION, "grid_worst_r10_change": grid,
+    return {**chosen, "nqe": nqe, "floor": floors, "nqe_fraction": NQE_FRACTION, "grid_worst_r10_change": grid,
             "queries_changed": changed}
+
+
+def choose_auto(ev: dict) -> Optional[dict]:
+    """The automatic method's route table chosen on the validation side ``ev`` (engine.compose.auto) and its
+    cross-fitted overall score (routes chosen on half the reference photos, scored on the other half), or None
+    without the router's classes."""
+    from ..compose.auto import MEMBERS, choose_routes, cross_fitted_score
+
+    if not ev.get("classes"):
+        return None
+    ranks = {m: r for m, r in ev["ranks"].items() if m in MEMBERS}
+    if "sum" not in ranks:
+        return None
+    groups = [q["reference"] for q in ev["suite_obj"].queries]
+    return {"routes": choose_routes(ranks, ev["classes"], ev["kinds"]),
+            "cross_fitted": cross_fitted_score(ranks, ev["classes"], ev["kinds"], groups)}
 
 
 def _queries_changed(ev: dict, expander, nqe: int, floor: float) -> int:
@@ -345,15 +397,16 @@ def _queries_changed(ev: dict, expander, nqe: int, floor: float) -> int:
                     != rank_suite(v, suite, gallery, gemb, pos)).sum() for v in ev["vectors"].values()))
 
 
-def choose_defaults(backbone, settings: Settings, out: Optional[Path] = None) -> tuple:
+def choose_defaults(backbone, settings: Settings, out: Optional[Path] = None, expander_grid: bool = True) -> tuple:
     """Evaluates the validation side, chooses (:func:`choose`) and writes the defaults record for ``backbone``
     into ``out`` (default: assets/checkpoints). Returns (evaluation, choice, record path). Used by
     ``--choose`` and by ``engine prepare`` after it trained a composer for a new backbone."""
     from ..defaults import write_defaults
 
     ev = evaluate(backbone, settings, "val", expanders=False)
-    chosen = choose(backbone, settings, ev)
-    path = write_defaults(backbone, chosen, out, command="python -m engine eval generalise --side val --choose")
+    chosen = choose(backbone, settings, ev, expander_grid)
+    command = "python -m engine eval generalise --side val --choose" + ("" if expander_grid else " --method-only")
+    path = write_defaults(backbone, chosen, out, command=command)
     return ev, chosen, path
 
 
@@ -361,7 +414,7 @@ def _takes_text_alone(ev: dict, name: str) -> bool:
     return name in ("text", "sum") or name in _TEXT_CAPABLE
 
 
-_TEXT_CAPABLE = {"rtic", "rtic+gcn", "context-i2w"}  # fall back to their prior without an image
+_TEXT_CAPABLE = {"rtic", "rtic+gcn", "context-i2w", "auto"}  # fall back to their prior without an image
 
 
 # -- report ------------------------------------------------------------------------------------------------------
@@ -438,6 +491,8 @@ def main(argv=None) -> int:
     p.add_argument("--no-expanders", action="store_true")
     p.add_argument("--choose", action="store_true", help="(val side) choose the default method and nQE per "
                    "expander, and write them to the defaults record beside the checkpoints")
+    p.add_argument("--method-only", action="store_true", help="with --choose: choose the default method only; the "
+                   "expanders keep the record's earlier nQE and floor (their grid takes about 20 min an expander)")
     p.add_argument("--out", default="", help="write the defaults record here (with --choose; default: "
                    "assets/checkpoints)")
     p.add_argument("--json", default="", help="also write the figures to this JSON file")
@@ -455,7 +510,8 @@ def main(argv=None) -> int:
     backbone = create_backbone(args.backbone or settings.backbone, args.device, settings=settings)
     t0 = time.time()
     if args.choose:
-        ev, chosen, path = choose_defaults(backbone, settings, Path(args.out) if args.out else None)
+        ev, chosen, path = choose_defaults(backbone, settings, Path(args.out) if args.out else None,
+                                           expander_grid=not args.method_only)
         print(markdown(ev, backbone))
         print(json.dumps(chosen, indent=1))
         print(f"wrote {path}")

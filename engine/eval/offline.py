@@ -96,10 +96,11 @@ def compose_queries(backbone, composers: dict, queries, ref_emb: torch.Tensor,
     with torch.no_grad():
         for name, comp in composers.items():
             t = time.perf_counter()
-            done = [comp.compose(Query(text=q["text"], image_embedding=ref_emb[i], has_image=True, alpha=0.5,
-                                       image_tokens=None if tokens is None else tokens[i])) for i, q in enumerate(queries)]
+            done = comp.compose_many([Query(text=q["text"], image_embedding=ref_emb[i], has_image=True, alpha=0.5,
+                                            image_tokens=None if tokens is None else tokens[i])
+                                      for i, q in enumerate(queries)])
             out[name] = np.stack([c.vector for c in done])
-            if trusts is not None and done and "trust" in done[0].explanation:
+            if trusts is not None and any("trust" in c.explanation for c in done):  # (a routed method's may not be first)
                 trusts[name] = np.array([float(c.explanation.get("trust", 0.0)) for c in done])
             if timings is not None:
                 timings[name] = (time.perf_counter() - t) / len(queries) * 1e3

@@ -101,7 +101,9 @@ def build_index(
     cache = cache_folder(out, backbone.fingerprint)
     known = read_shards(cache)
     todo = [i for i, h in enumerate(hashes) if h not in known]
-    log.info("%d images, %d cached, %d to embed", len(rel), len(rel) - len(todo), len(todo))
+    # said when there is work; a run with nothing to embed (a restart, a prebuilt first start) is not news
+    log.log(logging.INFO if todo else logging.DEBUG, "%d images, %d cached, %d to embed", len(rel),
+            len(rel) - len(todo), len(todo))
 
     failed: Dict[int, str] = {}
     if todo:
@@ -221,7 +223,7 @@ def repair_thumbnails(source: Path, thumbs: Path, items: List[dict], max_pixels:
     if damaged:
         log.warning("repaired %d damaged or missing thumbnails", damaged)
     if rebuilt - damaged:
-        log.info("made %d thumbnails", rebuilt - damaged)
+        log.debug("made %d thumbnails", rebuilt - damaged)  # new images get thumbnails: routine, not a repair
     return rebuilt
 
 

@@ -9,10 +9,13 @@ by ``engine prepare``) does three things to the composer's checkpoint:
 2. **ramps and weight**: chosen on two validation sets, never on a test split: the *validation side of the
    held-out-domain suite* (``engine.eval.generalise``: photos, words and phrasings no trainer saw) and the
    composer's own *in-domain validation* (the offline CIR validation split, held-out sources left out). The
-   rule: among the settings under which no query kind of the suite's validation side scores below the
-   training-free prior by more than :data:`TOLERANCE` points (score of a kind = (R@1 + R@10) / 2), the one with
-   the highest sum of the suite's overall score and the in-domain R@10; weight 0 (the prior itself) always
-   qualifies, so a composer can never be chosen below its prior on validation;
+   rule: the highest sum of the suite's overall score and the in-domain R@10, less :data:`SHORTFALL_COST` times
+   the *shortfall*: summed over the suite's query kinds, how far a kind's score falls below the best
+   training-free method on that kind (image only, text only or the weighted sum; score of a kind =
+   (R@1 + R@10) / 2; shortfalls within :data:`TOLERANCE` points count as none). Two families compete: one global trust (weight and
+   familiarity ramps; no kind below the prior by more than the tolerance) and the operation router's
+   per-operation trust *and prior text weight* (``engine.compose.router``: "a cat instead" may lean on the
+   words, "the same car in red" on the reference), found by coordinate ascent;
 3. the checkpoint is written again (atomically) with the anchor and the fit's figures (``anchor_fit``).
 """
 from __future__ import annotations
@@ -40,11 +43,14 @@ from ..compose.anchor import (
 )
 
 TOLERANCE = 1.0
+SHORTFALL_COST = 3.0  # a point of a kind below its best training-free method costs three points of the total
 WEIGHTS = (0.25, 0.5, 0.75, 1.0)
 QUANTILES = (0.02, 0.1, 0.25, 0.5)
 WIDTHS = (0.0, 0.02, 0.05, 0.1, 0.2)
 TAU_GRID = np.linspace(0.0, 1.0, 21)
-ROUTE_VALUES = (0.0, 0.25, 0.5, 0.75, 1.0)  # the trust an operation of the router can get  # the fit evaluates the blend at these shares (steps of 0.05)
+ROUTE_VALUES = (0.0, 0.25, 0.5, 0.75, 1.0)  # the trust an operation of the router can get
+ALPHA_STEPS = tuple(np.round(np.linspace(0.0, 1.0, 11), 2))  # the prior text weights the fit's table holds
+ROUTE_ALPHAS = (0.3, 0.5, 0.7, 0.8, 0.9, 1.0)  # the prior text weight an operation of the router can get
 
 
 @dataclass
@@ -198,20 +204,33 @@ def fit(anchor: Anchor, suite: FitSet, domain: FitSet, tolerance: float = TOLERA
     """(AnchorConfig, report) by the rule of the module text."""
     feats = {}
     ops = (0.0, 1.0) if anchor.op_bank is not None and all(s.op_text is not None for s in (suite, domain)) else (0.0,)
+    alphas = alpha_grid(anchor.config.alpha)
+    a0 = alphas.index(round(anchor.config.alpha, 4))
     for s in (suite, domain):
         ft, fv = anchor.familiarities(s.image, s.text)
         fo = familiarity(s.op_text, anchor.op_bank) if len(ops) > 1 else ft
-        p, l = prior(s.image, s.text, anchor.config.alpha), F.normalize(s.learned, dim=-1)
+        l = F.normalize(s.learned, dim=-1)
         # the blend's scores are (1 - tau) p.g + tau l.g over its norm, a positive per-query scale that leaves
-        # the ranking alone: both score matrices are computed once and every setting only mixes them
-        feats[s.name] = ({0.0: ft, 1.0: fo}, fv, p @ s.gallery.T, l @ s.gallery.T)
-    prior_suite = kind_scores(suite.ranks_of_scores(feats[suite.name][2]), suite.kinds)
-    prior_domain = r10(domain.ranks_of_scores(feats[domain.name][2]))
+        # the ranking alone: the score matrices are computed once and every setting only mixes them
+        feats[s.name] = ({0.0: ft, 1.0: fo}, fv, [prior(s.image, s.text, a) @ s.gallery.T for a in alphas],
+                         l @ s.gallery.T)
+    # each query's rank at every (prior text weight, tau) of the grids, computed once: a setting then only looks
+    # its ranks up (alpha and tau rounded to the grids' steps for the fit; the composer applies the exact values)
+    table = {s.name: np.stack([np.stack([s.ranks_of_scores((1 - t) * pa + t * feats[s.name][3]) for t in TAU_GRID],
+                                        axis=1) for pa in feats[s.name][2]]) for s in (suite, domain)}
+    prior_suite = kind_scores(table[suite.name][a0, :, 0], suite.kinds)
+    prior_domain = r10(table[domain.name][a0, :, 0])
+    # the best training-free method on each kind: image only (alpha 0), text only (alpha 1), the sum (alpha 0.5)
+    free = {name: kind_scores(table[suite.name][alphas.index(a), :, 0], suite.kinds)
+            for name, a in (("image", 0.0), ("text", 1.0), ("sum", 0.5))}
+    best_free = {k: max(free[n][k] for n in free) for k in prior_suite}
     fv_in = feats[domain.name][1].numpy()
-    # each query's rank at every tau of TAU_GRID, computed once: a setting then only looks its taus up (tau
-    # rounded to the grid's step for the fit; the composer applies the exact tau)
-    table = {s.name: np.stack([s.ranks_of_scores((1 - t) * feats[s.name][2] + t * feats[s.name][3])
-                               for t in TAU_GRID], axis=1) for s in (suite, domain)}
+
+    def objective(ks: dict, dom: float) -> tuple:
+        """(the suite's overall score + the in-domain R@10 - SHORTFALL_COST x the shortfall below the best
+        training-free method, summed over the kinds beyond the tolerance; that shortfall)."""
+        short = sum(max(0.0, best_free[k] - ks[k] - tolerance) for k in ks)
+        return (float(np.mean(list(ks.values()))) + dom - SHORTFALL_COST * short, round(short, 6))
 
     def score(cfg: AnchorConfig):
         out = {}
@@ -219,12 +238,12 @@ def fit(anchor: Anchor, suite: FitSet, domain: FitSet, tolerance: float = TOLERA
             ft, fv, _, _ = feats[s.name]
             tau = cfg.weight * ramp(ft[cfg.op], cfg.text_lo, cfg.text_hi) * ramp(fv, cfg.image_lo, cfg.image_hi)
             col = np.rint(tau.numpy() * (len(TAU_GRID) - 1)).astype(np.int64)
-            out[s.name] = table[s.name][np.arange(len(col)), col]
+            out[s.name] = table[s.name][a0, np.arange(len(col)), col]
         ks = kind_scores(out[suite.name], suite.kinds)
         return ks, r10(out[domain.name])
 
     best_cfg = AnchorConfig(weight=0.0, alpha=anchor.config.alpha)
-    best = (float(np.mean(list(prior_suite.values()))) + prior_domain, prior_suite, prior_domain)
+    best = (objective(prior_suite, prior_domain), prior_suite, prior_domain)
     tried = 0
     grid = [(op, w, t, i) for op in ops for w, t, i in itertools.product(
         WEIGHTS, _ramps(feats[domain.name][0][op].numpy()), _ramps(fv_in))]
@@ -234,60 +253,79 @@ def fit(anchor: Anchor, suite: FitSet, domain: FitSet, tolerance: float = TOLERA
         tried += 1
         if any(ks[k] < prior_suite[k] - tolerance for k in prior_suite):
             continue
-        total = float(np.mean(list(ks.values()))) + dom
-        if total > best[0] + 1e-9:
-            best_cfg, best = cfg, (total, ks, dom)
+        obj = objective(ks, dom)
+        if obj[0] > best[0][0] + 1e-9:
+            best_cfg, best = cfg, (obj, ks, dom)
     routed = None
     if anchor.router is not None:
-        routed = _fit_routes(anchor, suite, domain, feats, table, prior_suite, tolerance, best_cfg)
-        if routed[0] > best[0] + 1e-9:
-            best_cfg, best = routed[1], routed[0:1] + routed[2:]
+        routed = _fit_routes(anchor, suite, domain, feats, table, alphas, objective, best_cfg)
+        if routed[0][0] > best[0][0] + 1e-9:
+            best_cfg, best = routed[1], routed[0:1] + routed[2:4]
     full_ks, full_dom = score(AnchorConfig(1.0, alpha=anchor.config.alpha))
-    report = {"rule": f"no suite-val kind below the prior by more than {tolerance} points; then max suite overall "
-                      "+ in-domain R@10", "settings_tried": tried,
+    report = {"rule": f"max suite overall + in-domain R@10 - {SHORTFALL_COST:g} x the shortfall of the suite-val kinds "
+                      f"below the best training-free method (image, text or sum; beyond {tolerance} point)",
+              "settings_tried": tried,
               "prior": {"suite_val_kinds": _r(prior_suite), "in_domain_r10": round(prior_domain, 2)},
+              "best_training_free": _r(best_free),
               "unanchored": {"suite_val_kinds": _r(full_ks), "in_domain_r10": round(full_dom, 2)},
               "chosen": {"suite_val_kinds": _r(best[1]), "in_domain_r10": round(best[2], 2)},
+              "shortfall_below_training_free": round(best[0][1], 2),
               "in_domain_set": domain.name, "suite_set": suite.name}
     if routed is not None:
-        report["routes"] = {"chosen": bool(best_cfg.route), "trust": dict(zip(anchor.router.classes,
-                            [round(float(v), 2) for v in routed[4]])), "total": round(routed[0], 2)}
+        report["routes"] = {"chosen": bool(best_cfg.route),
+                            "trust": dict(zip(anchor.router.classes, [round(float(v), 2) for v in routed[4]])),
+                            "prior_text_weight": dict(zip(anchor.router.classes, [round(float(v), 2) for v in routed[5]])),
+                            "total": round(routed[0][0], 2)}
         if best_cfg.route:
             anchor.router.trust = torch.tensor(routed[4], dtype=torch.float32)
+            anchor.router.alpha = torch.tensor(routed[5], dtype=torch.float32)
     return best_cfg, report
 
 
-def _fit_routes(anchor: Anchor, suite: FitSet, domain: FitSet, feats: dict, table: dict, prior_suite: dict,
-                tolerance: float, start: AnchorConfig, passes: int = 3) -> tuple:
-    """Coordinate ascent on the router's per-operation trust (values of :data:`ROUTE_VALUES`), the image ramp of
-    ``start`` kept, by the same rule as the global fit. Returns (total, config, kinds, in-domain R@10, trust)."""
+def alpha_grid(alpha: float) -> List[float]:
+    """The prior's text weights the fit's table holds: :data:`ALPHA_STEPS` and the anchor's own ``alpha``."""
+    return sorted({round(float(a), 4) for a in ALPHA_STEPS} | {round(float(alpha), 4)})
+
+
+def _fit_routes(anchor: Anchor, suite: FitSet, domain: FitSet, feats: dict, table: dict, alphas: Sequence[float],
+                objective, start: AnchorConfig, passes: int = 3) -> tuple:
+    """Coordinate ascent on the router's per-operation trust (values of :data:`ROUTE_VALUES`) and per-operation
+    prior text weight (values of :data:`ROUTE_ALPHAS`), the image ramp of ``start`` kept, by ``objective``.
+    Returns (objective, config, kinds, in-domain R@10, trust, text weights)."""
     probs = {s.name: anchor.router.probabilities(s.text) for s in (suite, domain)}
     cfg = AnchorConfig(1.0, -1.0, -1.0, start.image_lo, start.image_hi, anchor.config.alpha, 0.0, 1.0)
+    grid_a = np.asarray(alphas, dtype=np.float32)
+    ramps = {s.name: ramp(feats[s.name][1], cfg.image_lo, cfg.image_hi) for s in (suite, domain)}
 
-    def evaluate(trust: np.ndarray):
+    def evaluate(trust: np.ndarray, alpha: np.ndarray):
         out = {}
         for s in (suite, domain):
-            tau = (probs[s.name] @ torch.from_numpy(trust).float()) * ramp(feats[s.name][1], cfg.image_lo, cfg.image_hi)
+            p = probs[s.name]
+            tau = (p @ torch.from_numpy(trust).float()) * ramps[s.name]
             col = np.rint(tau.numpy() * (len(TAU_GRID) - 1)).astype(np.int64)
-            out[s.name] = table[s.name][np.arange(len(col)), col]
+            a = (p @ torch.from_numpy(alpha).float()).numpy()
+            row = np.abs(a[:, None] - grid_a[None, :]).argmin(axis=1)  # the nearest text weight of the table
+            out[s.name] = table[s.name][row, np.arange(len(col)), col]
         ks = kind_scores(out[suite.name], suite.kinds)
-        ok = not any(ks[k] < prior_suite[k] - tolerance for k in prior_suite)
-        return (float(np.mean(list(ks.values()))) + r10(out[domain.name]) if ok else -np.inf), ks, r10(out[domain.name])
+        dom = r10(out[domain.name])
+        return objective(ks, dom), ks, dom
 
-    trust = np.zeros(len(anchor.router.classes))
-    best = evaluate(trust)
+    k = len(anchor.router.classes)
+    trust = np.zeros(k, dtype=np.float32)
+    alpha = np.full(k, anchor.config.alpha, dtype=np.float32)
+    best = evaluate(trust, alpha)
     for _ in range(passes):
         moved = False
-        for k in range(len(trust)):
-            for v in ROUTE_VALUES:
-                trial = trust.copy()
-                trial[k] = v
-                res = evaluate(trial)
-                if res[0] > best[0] + 1e-9:
-                    trust, best, moved = trial, res, True
+        for i in range(k):
+            for v, a in itertools.product(ROUTE_VALUES, ROUTE_ALPHAS):
+                t_trial, a_trial = trust.copy(), alpha.copy()
+                t_trial[i], a_trial[i] = v, a
+                res = evaluate(t_trial, a_trial)
+                if res[0][0] > best[0][0] + 1e-9:
+                    trust, alpha, best, moved = t_trial, a_trial, res, True
         if not moved:
             break
-    return best[0], cfg, best[1], best[2], trust
+    return best[0], cfg, best[1], best[2], trust, alpha
 
 
 def _r(d: dict) -> dict:
@@ -297,9 +335,14 @@ def _r(d: dict) -> dict:
 # -- applying it to a checkpoint --------------------------------------------------------------------------
 
 
-def anchor_checkpoint(backbone, part: str, checkpoint_dir=None, progress: bool = True) -> dict:
+def anchor_checkpoint(backbone, part: str, checkpoint_dir=None, progress: bool = True,
+                      keep_banks: bool = False) -> dict:
     """Builds, fits and stores the anchor of the ``part`` checkpoint for ``backbone`` found in
-    ``checkpoint_dir`` (rewritten in place). Returns the fit's report."""
+    ``checkpoint_dir`` (rewritten in place). Returns the fit's report.
+
+    ``keep_banks``: the banks, the operation vocabulary and the router already stored with the checkpoint are
+    kept and only the ramps, trusts and prior text weights are fitted again (no training image embedded, no
+    router trained: minutes instead of a quarter of an hour on 2 cores); without a stored anchor, as usual."""
     from ..compose.context_i2w import load_context_i2w_composer, save_context_i2w
     from ..compose.rtic import load_rtic_composer, save_rtic
 
@@ -312,22 +355,35 @@ def anchor_checkpoint(backbone, part: str, checkpoint_dir=None, progress: bool =
     else:
         raise ValueError(f"no anchor for {part!r}")
     path = _checkpoint_path(part, record, checkpoint_dir, backbone)
+    stored = composer.anchor if keep_banks else None
     composer.anchor = None                       # fit on the composer's own vectors
-    texts, images = bank_inputs(part, record)
-    anchor = build_banks(backbone, texts, images)
+    if stored is not None and stored.text_bank is not None and stored.image_bank is not None:
+        anchor = Anchor(AnchorConfig(weight=0.0, alpha=stored.config.alpha), stored.text_bank, stored.image_bank,
+                        stored.op_bank, sorted(stored.vocab), stored.router)
+        n_texts, router_acc = int(stored.text_bank.shape[0]), (record.get("anchor_fit") or {}).get("router_train_accuracy")
+        if anchor.router is None:
+            from .router import operation_texts, train_router
+
+            anchor.router, router_acc = train_router(backbone, operation_texts())
+        command = f"python -m engine train anchor --composer {part} --keep-banks"
+    else:
+        texts, images = bank_inputs(part, record)
+        anchor = build_banks(backbone, texts, images)
+        from .router import operation_texts, train_router
+
+        anchor.router, router_acc = train_router(backbone, operation_texts())
+        n_texts, command = len(texts), f"python -m engine train anchor --composer {part}"
     suite = suite_set(backbone, composer)
     domain = in_domain_set(backbone, composer)
     with_operations(backbone, anchor, suite, domain)
-    from .router import operation_texts, train_router
-
-    anchor.router, router_acc = train_router(backbone, operation_texts())
     cfg, report = fit(anchor, suite, domain)
     if not cfg.route:
         anchor.router = None  # not chosen: nothing stored
-    report["router_train_accuracy"] = round(router_acc, 3)
+    if router_acc is not None:
+        report["router_train_accuracy"] = round(float(router_acc), 3)
     anchor.config = cfg
-    report.update(config=cfg.to_dict(), text_bank=len(texts), image_bank=int(anchor.image_bank.shape[0]),
-                  command=f"python -m engine train anchor --composer {part}")
+    report.update(config=cfg.to_dict(), text_bank=n_texts, image_bank=int(anchor.image_bank.shape[0]),
+                  command=command)
     extra = {**record, "anchor_fit": report}  # each saver makes the record's own keys again (checkpoints.figures_of)
     if part == "context-i2w":
         save_context_i2w(path, model, backbone, extra, half=record.get("stored_dtype") == "float16", anchor=anchor)
@@ -356,13 +412,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--backbone", default=None)
     p.add_argument("--device", default="auto")
     p.add_argument("--checkpoints", default=None, help="folder of the checkpoint (default: the search path)")
+    p.add_argument("--keep-banks", action="store_true", help="keep the banks and the router stored with the "
+                   "checkpoint; fit only the ramps, trusts and per-operation prior text weights again")
     args = p.parse_args(argv)
     from ..backbones import create_backbone
     from ..config import Settings
 
     settings = Settings()
     backbone = create_backbone(args.backbone or settings.backbone, args.device, settings=settings)
-    anchor_checkpoint(backbone, args.composer, args.checkpoints or settings.checkpoints)
+    anchor_checkpoint(backbone, args.composer, args.checkpoints or settings.checkpoints, keep_banks=args.keep_banks)
     return 0
 
 

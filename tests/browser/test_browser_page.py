@@ -4,6 +4,8 @@ caption readable without covering pictures, technical details wait in "About thi
 Download box appears only with a file."""
 from __future__ import annotations
 
+import re
+
 from pathlib import Path
 from urllib.parse import unquote
 
@@ -80,7 +82,8 @@ def test_example_click_runs_a_search_and_download_appears_with_a_file(served_dem
     default = gallery_engine.default_method  # read from the engine (engine.defaults), never hard-coded here
     assert page.locator("#method input[role=combobox]").input_value() == LABELS[default]
     why = page.locator("#method-why").inner_text()
-    assert why.startswith(f"Default method: {LABELS[default]}") and gallery_engine.defaults.why() in why, why
+    assert why.startswith(f"Method in use: {LABELS[default]}. Why: ") and not re.search(r"\d", why), why
+    assert gallery_engine.defaults.why() in about  # the figures behind it, on demand
     assert lattqe_info(gallery_engine) in page.locator("#lattqe").inner_text()
     # nothing exported yet: no Download box taking space
     assert page.locator("#export-file").count() == 0 or not page.locator("#export-file").is_visible()
@@ -126,6 +129,14 @@ def test_gallery_picker_sets_the_reference_left_out_of_its_results(served_demo, 
     ui.open_accordion(page, "Pick the reference from the gallery")
     page.locator("#picker .thumbnail-item").nth(23).wait_for()  # the grid renders after the accordion opens
     assert page.locator("#picker .thumbnail-item").count() == 24  # browsable: the first page ...
+    # ... whose every column fits its box (Gradio's fixed 100 px tracks cut the 4th column off at 1280 px)
+    fit = page.evaluate("""() => {
+      const grid = document.querySelector('#picker .grid-container');
+      const edge = grid.getBoundingClientRect().right;
+      const over = [...grid.querySelectorAll('.thumbnail-item')].filter(e => e.getBoundingClientRect().right > edge + 1);
+      return {over: over.length, scroll: grid.scrollWidth - grid.clientWidth};
+    }""")
+    assert fit == {"over": 0, "scroll": 0}, fit
     assert "page 1 of " in page.locator("#picker-note").inner_text()
     page.click("#picker-next")
     page.wait_for_function("() => document.querySelector('#picker-note').innerText.includes('page 2 of ')")
@@ -183,4 +194,23 @@ def test_phone_width_keeps_method_and_captions_readable(served_demo, open_page, 
     page.wait_for_selector("#picker .thumbnail-item img")
     assert page.evaluate(COVERED, "#picker .thumbnail-item img") == []
     shot(page, "phone-picker")
+    assert not page.cis_errors, page.cis_errors
+
+
+def test_a_typed_k_out_of_range_is_said_not_silently_clamped(served_demo, open_page, shot):
+    """Issue #33: k=-5 typed on the page silently became 1 (the slider's frontend clamped it); now the one
+    validation (engine.query) clamps it and the page says so in the sentence every route uses."""
+    from engine.query import K_MAX, limit_sentence
+
+    _, url = served_demo
+    page = open_page(url, "desktop")
+    ui.type_text(page, "", "a red car")
+    for typed, used in (("-5", 1), ("100000", K_MAX)):
+        ui.set_k(page, "", typed)
+        assert page.locator("#k input[type=number]").input_value() == typed  # not changed behind the user's back
+        page.click("#search")
+        said = ui.take_toast(page)
+        assert f"{limit_sentence('k')}; {typed} was changed to {used}." in said, said
+        page.wait_for_function("n => document.querySelector('#k input[type=number]').value === String(n)", arg=used)
+        ui.wait_idle(page, "results")
     assert not page.cis_errors, page.cis_errors

@@ -37,7 +37,7 @@ def _download(page, button: str, tmp_path: Path) -> Path:
 
 
 @pytest.mark.parametrize("viewport", ["desktop", "phone"])
-def test_compare_mode_marks_shared_results(served_demo, open_page, shot, viewport, gallery_engine):
+def test_compare_mode_marks_what_few_methods_found(served_demo, open_page, shot, viewport, gallery_engine):
     _, url = served_demo
     page = open_page(url, viewport)
     ui.upload_reference(page, "", sorted((GALLERY / "buildings").glob("*.jpg"))[0])
@@ -50,23 +50,27 @@ def test_compare_mode_marks_shared_results(served_demo, open_page, shot, viewpor
     available = [m for m, why in gallery_engine.methods().items() if why is None]
     cols = page.locator("#compare-results .cmp-col")
     ids = cols.evaluate_all("els => els.map(e => e.id)")
-    for m in available:  # one column per available method, each with k results and its timing
+    same = {}
+    for m in available:  # one column per available method, each with k results (or "Same results as") and its timing
         assert f"compare-col-{m}" in ids, (m, ids)
         col = page.locator(f"#compare-col-{m}")
-        assert col.locator(".cmp-item").count() == 6
+        if col.locator(".cmp-same").count():
+            same[m] = col.locator(".cmp-same").get_attribute("data-same-as")
+            assert col.locator(".cmp-item").count() == 0 and "Same results as" in col.inner_text()
+        else:
+            assert col.locator(".cmp-item").count() == 6
         assert re.search(r"\d+ ms", col.locator(".cmp-time").inner_text())
-    # an image is marked exactly when most of the columns found it
-    need = len(available) // 2 + 1
+    # an image is marked exactly when fewer than half of the different answers found it
+    answers = [m for m in available if m not in same]
     seen = {}
-    for m in available:
+    for m in answers:
         for item_id in page.locator(f"#compare-col-{m} .cmp-item").evaluate_all("els => els.map(e => e.dataset.id)"):
             seen[item_id] = seen.get(item_id, 0) + 1
     marked = page.locator("#compare-results .cmp-item").evaluate_all(
         "els => els.map(e => [e.dataset.id, e.classList.contains('shared')])")
-    for item_id, is_shared in marked:
-        assert is_shared == (seen.get(item_id, 0) >= need), (item_id, seen.get(item_id), need)
-    assert any(v >= need for v in seen.values())  # most methods agree on some results of this query ...
-    assert any(v < need for v in seen.values())  # ... and results found by fewer stay unmarked
+    for item_id, is_marked in marked:
+        assert is_marked == (2 * seen.get(item_id, 0) < len(answers)), (item_id, seen.get(item_id), len(answers))
+    assert "⧉" not in page.locator("#compare-results").inner_text()
     shot(page, "compare")
     if viewport == "desktop" and DOC_IMAGES:
         page.locator("#compare-results").screenshot(path=str(ROOT / "docs" / "img" / "compare.png"))
