@@ -29,6 +29,7 @@ def launch_options(engine: SearchEngine, settings: Optional[Settings] = None, *,
         server_port=port if port is not None else settings.server_port,
         allowed_paths=allowed_paths(engine),
         max_file_size=f"{int(settings.max_zip_mb)}mb",
+        state_session_capacity=max(1, settings.state_sessions),  # per-call state bounded (memory flat under the API)
         css=CSS,
         head=HEAD,  # demo/ui.py: drops Gradio's one meaningless console warning
         show_error=False,  # unexpected errors show a plain sentence (demo/handlers.py user_errors)

@@ -1,6 +1,9 @@
 """Checks shared by every learned part's checkpoint loader."""
 from __future__ import annotations
 
+import math
+from dataclasses import asdict, is_dataclass
+
 import argparse
 import contextlib
 import json
@@ -418,12 +421,62 @@ def read_record(path: os.PathLike) -> dict:
         record = json.loads(meta[RECORD_KEY]) if RECORD_KEY in meta else _legacy_record(path, meta)
         if not isinstance(record, dict) or record.get("part") not in PARTS or not isinstance(record.get("config"), dict):
             raise ValueError("its record has no known part or no config")
+        bad = _nonfinite_value(record.get("config")) or _nonfinite_value(record.get("anchor"))
+        if bad:
+            raise ValueError(f"its record holds a value that is not a finite number ({bad})")
     except CheckpointError:
         raise
     except Exception as exc:  # damaged, truncated, not safetensors, foreign metadata
         raise CheckpointError(f"{path.name} is not a readable checkpoint ({exc.__class__.__name__}: {exc})") from None
     record["file"] = path.name
     return record
+
+
+def _nonfinite_value(value, name: str = "") -> Optional[str]:
+    """The name of the first NaN or infinite number in a record's value (walked through dicts and lists)."""
+
+    if isinstance(value, float) and not math.isfinite(value):
+        return name or "value"
+    if isinstance(value, dict):
+        for k, v in value.items():
+            found = _nonfinite_value(v, f"{name}.{k}" if name else str(k))
+            if found:
+                return found
+    if isinstance(value, (list, tuple)):
+        for i, v in enumerate(value[:1000]):
+            found = _nonfinite_value(v, f"{name}[{i}]")
+            if found:
+                return found
+    return None
+
+
+def load_first(found: list, load_one, label: str):
+    """The first of ``found`` ([(path, record)], best first) that ``load_one(path)`` loads: a file whose weights
+    do not fit its config (wrong tensor shapes), whose config holds a bad value, or whose prior anchor has a
+    weight that is not a finite number is passed over in one log line, and the next one (in the end the
+    bundled file) is used. CheckpointError with the last reason when none loads."""
+
+    last = None
+    for path, _ in found:
+        try:
+            out = load_one(path)
+            anchor = getattr(out, "anchor", None)
+            config = getattr(anchor, "config", None)
+            if is_dataclass(config) and not all(math.isfinite(float(v)) for v in asdict(config).values()):
+                raise CheckpointError(f"{Path(path).name}: its prior anchor holds a weight that is not a finite "
+                                      "number")
+            return out
+        except (CheckpointError, TypeError, ValueError, KeyError, AttributeError, RuntimeError) as exc:
+            last = exc if isinstance(exc, CheckpointError) else CheckpointError(
+                f"{Path(path).name}: its record cannot build the {label} ({exc.__class__.__name__}: {exc})")
+            key = ("load", str(path))
+            if key not in _VERIFIED:
+                _VERIFIED[key] = str(last)
+                log.warning("checkpoint %s refused (%s); the next one on the search path is used", Path(path).name,
+                            last)
+            if getattr(_REFUSALS, "found", None) is not None:
+                _REFUSALS.found.append(str(last))
+    raise last if last is not None else CheckpointError(f"no {label} checkpoint")
 
 
 def _dim(record: dict) -> Optional[int]:

@@ -123,10 +123,11 @@ def cmd_search(args) -> int:
     from .backbones import create_backbone
     from .search import open_engine, run
 
+    image = gallery_reference(args.image)  # checked before anything loads: a bad id is one sentence
     s = _settings(args)
     eng = open_engine(args.index, settings=s, backbone=create_backbone(s.backbone, s.device, settings=s) if args.backbone else None,
                       index_type=args.index_type)
-    req = SearchRequest.build(s.max_text_chars, image=gallery_reference(args.image), text=args.text,
+    req = SearchRequest.build(s.max_text_chars, image=image, text=args.text,
                               method=args.method, alpha=args.alpha, k=args.k, expand=args.expand, nqe=args.nqe or 0,
                               negative_text=args.negative, explain=args.explain, keep_reference=args.keep_reference)
     resp = run(eng, req)

@@ -42,6 +42,7 @@ class Settings:
     max_pixels: int = field(default_factory=lambda: int(_env("CIS_MAX_PIXELS", str(40_000_000))))
     # bytes one image decode may use, counted for its real mode before decoding (engine/images.py decode_cost)
     max_decode_mb: float = field(default_factory=lambda: float(_env("CIS_MAX_DECODE_MB", "128")))
+    decode_budget_mb: float = field(default_factory=lambda: float(_env("CIS_DECODE_BUDGET_MB", "160")))  # all decodes
     body_idle_s: float = field(default_factory=lambda: float(_env("CIS_BODY_IDLE_S", "15")))  # stalled body: 408
     max_zip_mb: float = field(default_factory=lambda: float(_env("CIS_MAX_ZIP_MB", "200")))
     max_zip_files: int = field(default_factory=lambda: int(_env("CIS_MAX_ZIP_FILES", "2000")))
@@ -69,6 +70,8 @@ class Settings:
     concurrency: int = field(default_factory=lambda: int(_env("CIS_CONCURRENCY", "8")))
     api_workers: int = field(default_factory=lambda: int(_env("CIS_API_WORKERS", "16")))
     text_batch: int = field(default_factory=lambda: int(_env("CIS_TEXT_BATCH", "16")))  # engine/service.py
+    # per-session state Gradio keeps (every API call without a session is one: ~180 kB each, 10,000 by default)
+    state_sessions: int = field(default_factory=lambda: int(_env("CIS_STATE_SESSIONS", "256")))
     # background prepare of a running app (engine/background.py)
     prepare: str = field(default_factory=lambda: _env("CIS_PREPARE", "auto").lower())
     prepare_budget_min: float = field(default_factory=lambda: float(_env("CIS_PREPARE_BUDGET_MIN", "30")))
@@ -110,6 +113,8 @@ ENV_DOCS = {
     "CIS_SESSION_TTL_S": "seconds an unused uploaded gallery lives",
     "CIS_MAX_TEXT_CHARS": "longest modification text",
     "CIS_AUTO_TIMEOUT_S": "how long CIS_BACKBONE=auto waits for the model hub",
+    "CIS_STATE_SESSIONS": "page sessions whose state the server keeps (oldest dropped first; default 256)",
+    "CIS_DECODE_BUDGET_MB": "MB of image decoding in flight at once, all routes together (default 160)",
     "CIS_QUEUE_MAX": "waiting requests before the page says busy (Gradio queue)",
     "CIS_CONCURRENCY": "searches run at once (Gradio queue)",
     "CIS_API_WORKERS": "threads of POST /api/search",

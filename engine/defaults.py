@@ -11,7 +11,10 @@ none that close the query is kept, so expansion never averages a composed query 
 """
 from __future__ import annotations
 
+import math
+
 import json
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, Optional
@@ -24,6 +27,7 @@ FALLBACK_NQE = 4
 FALLBACK_FRACTION = 0.02
 FALLBACK_FLOOR = -1.0
 PATTERN = "defaults-*.json"
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -94,11 +98,35 @@ def engine_defaults(backbone, settings=None, checkpoint_dir=None) -> EngineDefau
             rec = _read(path)
             if rec is None or rec.get("backbone_fingerprint") != backbone.fingerprint:
                 continue
-            nqe = {str(k): int(v) for k, v in (rec.get("nqe") or {}).items()}
-            floor = {str(k): float(v) for k, v in (rec.get("floor") or {}).items()}
-            return EngineDefaults(str(rec.get("method", FALLBACK_METHOD)), nqe,
-                                  float(rec.get("nqe_fraction", FALLBACK_FRACTION)), path.name, rec, floor)
+            try:
+                return _checked(rec, path.name)
+            except (TypeError, ValueError, AttributeError, OverflowError) as exc:  # the next record (the bundled)
+                log.warning("defaults record %s ignored: %s", path.name, exc)
     return EngineDefaults()
+
+
+def _checked(rec: dict, name: str) -> EngineDefaults:
+    """A record's values, each checked (ValueError with one sentence): a method name, nQE integers of at least
+    1, floors in [-1, 1], a fraction in (0, 1]; a damaged record is ignored rather than served."""
+
+    nqe, floor = rec.get("nqe") or {}, rec.get("floor") or {}
+    if not isinstance(nqe, dict) or not isinstance(floor, dict):
+        raise ValueError("nqe and floor must be objects of expander: value")
+    for k, v in nqe.items():
+        if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= 1_000_000:
+            raise ValueError(f"nqe of {k!r} is {v!r}, not an integer from 1 to 1000000")
+    for k, v in floor.items():
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not -1.0 <= v <= 1.0:
+            raise ValueError(f"floor of {k!r} is {v!r}, not a number from -1 to 1")
+    fraction = rec.get("nqe_fraction", FALLBACK_FRACTION)
+    if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not math.isfinite(fraction) \
+            or not 0.0 < fraction <= 1.0:
+        raise ValueError(f"nqe_fraction is {fraction!r}, not a number above 0 and at most 1")
+    method = rec.get("method", FALLBACK_METHOD)
+    if not isinstance(method, str) or not method:
+        raise ValueError(f"method is {method!r}, not a method name")
+    return EngineDefaults(method, {str(k): int(v) for k, v in nqe.items()}, float(fraction), name, rec,
+                          {str(k): float(v) for k, v in floor.items()})
 
 
 def write_defaults(backbone, chosen: dict, out_dir: Optional[Path] = None, command: str = "") -> Path:

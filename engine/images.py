@@ -2,16 +2,22 @@
 byte budget for the real pixel mode, every Pillow mode turned into RGB or refused in one sentence."""
 from __future__ import annotations
 
+import ctypes
+
 import hashlib
 import io
 import os
 import struct
+import threading
+import time
 import warnings
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Optional, Union
 
 from PIL import Image, UnidentifiedImageError
 
+from .config import Settings
 from .errors import InputError
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".webp", ".bmp", ".tif", ".tiff", ".gif")
@@ -23,6 +29,7 @@ DEFAULT_MAX_DECODE_BYTES = 128_000_000  # CIS_MAX_DECODE_MB: bytes one decode ma
 # what Image.open may identify: other Pillow formats (EPS through Ghostscript, PSD, ...) are never opened
 FORMATS = ("JPEG", "PNG", "WEBP", "BMP", "TIFF", "GIF")
 WORKING_SIDE = 1024  # decoded images are reduced so their short side is about this (draft/reduce), then bounded
+REFERENCE_SIDE = 384  # ... and a search's reference, which is only embedded (backbones take 224-336 pixels)
 
 ImageSource = Union[str, os.PathLike, bytes, Image.Image]
 
@@ -123,6 +130,15 @@ _TWO_BYTES = {"I;16", "I;16B", "I;16L", "I;16N"}
 _FOUR_BYTES = {"LA", "PA", "La", "RGB", "RGBA", "RGBa", "RGBX", "CMYK", "YCbCr", "LAB", "HSV", "I", "F"}
 # formats whose decoder holds a second full-size buffer while it decodes (libwebp's RGBA, libtiff's strips)
 _DOUBLE_BUFFERED = {"WEBP", "TIFF"}
+# decoders written in Python (Pillow's RLE BMP): they build the image in a Python buffer (a second full copy)
+# and hold the interpreter lock a few seconds per 40 MP, so they get a pixel limit of their own
+_PY_DECODERS = {"bmp_rle"}
+PY_DECODER_MAX_PIXELS = 2_000_000
+# every decode in the process holds its cost in this budget while it runs (CIS_DECODE_BUDGET_MB), so N
+# concurrent images cannot use more than it together; a decode that finds no room waits up to DECODE_WAIT_S
+DEFAULT_DECODE_BUDGET = 160_000_000
+DECODE_WAIT_S = 30.0
+BUSY_DECODING = "the server is decoding too many images at once; try again in a moment"
 OUTPUT_MAX_PIXELS = 16_000_000  # the decoded working copy handed on (preprocess, thumbnails) holds at most this
 _STRIP_BYTES = 2 << 20  # converted piece by piece, about this many bytes at a time
 
@@ -155,15 +171,124 @@ def _reduce_factor(size: tuple, side: int = WORKING_SIDE, out_max: int = OUTPUT_
     return factor if factor >= 2 else 1
 
 
-def decode_cost(size: tuple, mode: str, fmt: Optional[str]) -> int:
+def decode_cost(size: tuple, mode: str, fmt: Optional[str], side: int = WORKING_SIDE) -> int:
     """Bytes that decoding an image of this header needs at its peak: the decoded pixels in their real mode
     (16-bit, alpha and CMYK count four bytes a pixel, palette and 1-bit one), twice for decoders that keep
     their own full buffer, plus the 8-bit RGB working copy made from it when it is converted or reduced."""
     w, h = size
     decoded = w * h * bytes_per_pixel(mode) * (2 if fmt in _DOUBLE_BUFFERED else 1)
-    factor = _reduce_factor(size)
+    factor = _reduce_factor(size, side)
     copy = 0 if (mode == "RGB" and factor == 1) else (w // factor) * (h // factor) * 4
     return decoded + copy
+
+
+class DecodeBudget:
+    """Bytes of decoding in flight, process-wide: a decode reserves its cost (:func:`decode_cost`) before it
+    starts and returns it when done; one that does not fit waits, then is refused in one sentence. A cost
+    over the whole budget is reserved as the whole budget (the decode runs alone). ``capacity`` None: the
+    settings' ``decode_budget_mb`` (CIS_DECODE_BUDGET_MB), read at the first decode."""
+
+    def __init__(self, capacity: Optional[int] = None):
+        self._capacity = None if capacity is None else max(1, int(capacity))
+        self.used = 0
+        self._cond = threading.Condition()
+
+    @property
+    def capacity(self) -> int:
+        if self._capacity is None:
+
+            try:
+                mb = float(Settings().decode_budget_mb)
+            except (TypeError, ValueError):
+                mb = 0.0
+            self._capacity = int(mb * 1e6) if mb > 0 and mb < 1e9 else DEFAULT_DECODE_BUDGET
+        return self._capacity
+
+    @contextmanager
+    def hold(self, cost: int, wait_s: Optional[float] = None):
+        cost = max(0, min(int(cost), self.capacity))
+        deadline = time.monotonic() + (DECODE_WAIT_S if wait_s is None else wait_s)
+        with self._cond:
+            while self.used and self.used + cost > self.capacity:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise InputError(BUSY_DECODING)
+                self._cond.wait(left)
+            self.used += cost
+        try:
+            yield
+        finally:
+            with self._cond:
+                self.used -= cost
+                self._cond.notify_all()
+
+
+BUDGET = DecodeBudget()
+HEAP_MMAP_THRESHOLD = 1 << 20
+
+
+def _fixed_mmap_threshold(threshold: int = HEAP_MMAP_THRESHOLD) -> bool:
+    """glibc raises its mmap threshold each time a large block is freed (up to 32 MB), so after the first
+    decode every decoded image lands in the heap arena of the thread that decoded it and stays resident there
+    when freed: ten worker threads each kept their largest decode (10 concurrent 5000x5000 PNGs peaked at
+    +464 MB under a 192 MB budget). A fixed threshold keeps every block over it in its own mapping, handed
+    back to the system when freed. False where the C library is not glibc."""
+    try:
+
+        return bool(ctypes.CDLL("libc.so.6").mallopt(-3, int(threshold)))  # M_MMAP_THRESHOLD
+    except (OSError, AttributeError):
+        return False
+
+
+_fixed_mmap_threshold()
+
+_SOF = {0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF}
+_PROGRESSIVE_SOF = {0xC2, 0xC6, 0xCA, 0xCE}
+
+
+def jpeg_coefficient_bytes(data: bytes) -> int:
+    """Bytes libjpeg keeps for a JPEG's whole-image DCT coefficient buffers: for a progressive JPEG, or a
+    baseline one whose first scan does not hold every component (multi-scan), libjpeg stores every
+    coefficient of the full-size image (2 bytes each, 64 per 8x8 block of each component) whatever scale
+    ``draft`` asks for; 0 for a single-scan baseline JPEG (decoded a row of blocks at a time). Read from the
+    marker segments alone, before any pixel is decoded."""
+    pos, end = 2, len(data)
+    frame = None
+    while pos + 4 <= end:
+        if data[pos] != 0xFF:
+            return 0  # not a marker where one must be: leave it to the decoder to refuse
+        marker = data[pos + 1]
+        if marker == 0xFF:  # fill byte
+            pos += 1
+            continue
+        if marker in (0x01,) or 0xD0 <= marker <= 0xD7:
+            pos += 2
+            continue
+        length = struct.unpack(">H", data[pos + 2:pos + 4])[0]
+        seg = data[pos + 4:pos + 2 + length]
+        if marker in _SOF and len(seg) >= 6:
+            h, w, n = struct.unpack(">HHB", seg[1:6])
+            comps = [(seg[6 + 3 * i + 1] >> 4, seg[6 + 3 * i + 1] & 15) for i in range(n) if 6 + 3 * i + 2 < len(seg)]
+            frame = (marker, w, h, comps)
+        elif marker == 0xDA:  # the first scan: is it the only one?
+            if frame is None or not frame[3]:
+                return 0
+            marker_sof, w, h, comps = frame
+            scan_components = seg[0] if seg else 0
+            if marker_sof not in _PROGRESSIVE_SOF and scan_components >= len(comps):
+                return 0
+            hmax = max(1, max(c[0] for c in comps))
+            vmax = max(1, max(c[1] for c in comps))
+            total = 0
+            for hs, vs in comps:
+                bw = -(-(-(-w * max(1, hs) // hmax)) // 8)
+                bh = -(-(-(-h * max(1, vs) // vmax)) // 8)
+                total += bw * bh * 64 * 2
+            return total
+        elif marker == 0xD9:
+            return 0
+        pos += 2 + length
+    return 0
 
 
 def _mode_name(mode: str) -> str:
@@ -249,6 +374,7 @@ def load_image(
     max_aspect: float = DEFAULT_MAX_ASPECT,
     max_frames: int = DEFAULT_MAX_FRAMES,
     max_decode_bytes: int = DEFAULT_MAX_DECODE_BYTES,
+    side: int = WORKING_SIDE,
 ) -> Image.Image:
     """Decode an image within bounded memory; an 8-bit RGB image, or InputError with one sentence.
 
@@ -257,11 +383,13 @@ def load_image(
     gif), pixels, aspect ratio, frames, and the bytes decoding would need in the image's real mode
     (:func:`decode_cost`) against ``max_decode_bytes``. JPEGs are decoded at a reduced scale (``draft``);
     other images are decoded, then turned into RGB and reduced a strip at a time (:func:`to_rgb`), so the
-    returned image's short side is at most about 2 x WORKING_SIDE and it holds at most OUTPUT_MAX_PIXELS."""
+    returned image's short side is at most about 2 x ``side`` and it holds at most OUTPUT_MAX_PIXELS. A caller
+    that only embeds the image (a search's reference) passes a smaller ``side`` (REFERENCE_SIDE): the copy it
+    holds while the image is preprocessed is then small, and so is what concurrent searches hold together."""
     if isinstance(source, Image.Image):
         check_header(source, "image", max_pixels, max_aspect, max_frames)
         orientation = _orientation(source)
-        out = to_rgb(source, _reduce_factor(source.size))
+        out = to_rgb(source, _reduce_factor(source.size, side))
         return out.transpose(_TRANSPOSE[orientation]) if orientation in _TRANSPOSE else out
     data = read_bytes(source, max_bytes)
     name = Path(source).name if not isinstance(source, bytes) else "the file"
@@ -271,19 +399,38 @@ def load_image(
             img = Image.open(io.BytesIO(data), formats=FORMATS)
             check_header(img, name, max_pixels, max_aspect, max_frames)
             img.seek(0)  # first frame of animations
-            if img.format in ("JPEG", "MPO") and min(img.size) > 2 * WORKING_SIDE:
-                img.draft("RGB", (WORKING_SIDE, WORKING_SIDE))  # DCT scaling: decodes at 1/2, 1/4 or 1/8
+            full_size = img.size  # what the message names (draft() below changes img.size)
+            # buffers the decoder keeps at the full size whatever the output size: counted before draft()
+            full = jpeg_coefficient_bytes(data) if img.format in ("JPEG", "MPO") else 0
+            decoder = img.tile[0][0] if img.tile else ""
+            if decoder in _PY_DECODERS:
+                w, h = img.size
+                if w * h > PY_DECODER_MAX_PIXELS:
+                    raise InputError(f"{name} is a run-length compressed BMP of {w}x{h} pixels; this kind is "
+                                     f"slow to decode and limited to {PY_DECODER_MAX_PIXELS:,} pixels; save it "
+                                     "as a png or jpg")
+                full = w * h * bytes_per_pixel(img.mode)  # the Python decoder's own buffer
+            if img.format in ("JPEG", "MPO") and min(img.size) > 2 * side:
+                img.draft("RGB", (side, side))  # DCT scaling: decodes at 1/2, 1/4 or 1/8
             try:
-                cost = decode_cost(img.size, img.mode, img.format)
+                cost = decode_cost(img.size, img.mode, img.format, side) + full
             except KeyError:
                 raise InputError(f"{name} uses the {img.mode} colour mode, which this app cannot read; save it "
                                  "as an 8-bit RGB or grayscale jpg or png") from None
             if cost > max_decode_bytes:
-                w, h = img.size
+                w, h = full_size
                 raise InputError(f"{name} ({w}x{h} pixels, {_mode_name(img.mode)}) needs {cost / 1e6:.0f} MB to "
                                  f"decode; the limit is {max_decode_bytes / 1e6:.0f} MB")
-            orientation = _orientation(img)
-            img.load()
+            with BUDGET.hold(cost):  # bytes in flight, process-wide: the decode and its RGB copy
+                img.load()
+                orientation = _orientation(img)  # after load: a PNG's getexif() decodes the whole image
+                try:
+                    out = to_rgb(img, _reduce_factor(img.size, side))
+                except InputError:
+                    raise
+                except (OSError, ValueError) as exc:
+                    raise InputError(f"{name} could not be converted to RGB ({exc})") from None
+                del img
     except InputError:
         raise
     except (Image.DecompressionBombError, Image.DecompressionBombWarning):
@@ -292,10 +439,4 @@ def load_image(
         raise InputError(f"{name} is not an image this app can read (jpg, png, webp, bmp, tiff, gif)") from None
     except (OSError, SyntaxError, ValueError, EOFError, IndexError, struct.error, MemoryError):
         raise InputError(f"{name} could not be decoded (truncated or corrupt file)") from None
-    try:
-        out = to_rgb(img, _reduce_factor(img.size))
-    except InputError:
-        raise
-    except (OSError, ValueError) as exc:
-        raise InputError(f"{name} could not be converted to RGB ({exc})") from None
     return out.transpose(_TRANSPOSE[orientation]) if orientation in _TRANSPOSE else out

@@ -25,7 +25,7 @@ from .defaults import engine_defaults
 from .errors import CheckpointError, EngineError, InputError
 from .expand import EXPANDERS, Expander, ExpanderUnavailable
 from .expand.base import Expansion
-from .images import DEFAULT_MAX_BYTES, decode_limits, load_image, read_bytes
+from .images import DEFAULT_MAX_BYTES, REFERENCE_SIDE, decode_limits, load_image, read_bytes
 from .index.store import GalleryIndex
 from .share import ReferenceStore
 from .query import SearchRequest
@@ -155,6 +155,9 @@ class SearchEngine:
                     self.composers[name] = COMPOSERS.get(name)(backbone, checkpoint_dir=ckpt)
                 except (ComposerUnavailable, CheckpointError) as exc:
                     self.unavailable[name] = _unavailable_reason(exc, refused)
+                except Exception as exc:  # noqa: BLE001 - a damaged file never stops the start: one line, part off
+                    self.unavailable[name] = f"its checkpoint cannot be used ({exc.__class__.__name__})"
+                    log.warning("%s unavailable: %s: %s", name, exc.__class__.__name__, exc)
         self.expanders: Dict[str, Expander] = {}
         self.expanders_unavailable: Dict[str, str] = {}
         for name in EXPANDERS:
@@ -165,6 +168,9 @@ class SearchEngine:
                     )
                 except (ExpanderUnavailable, CheckpointError) as exc:
                     self.expanders_unavailable[name] = _unavailable_reason(exc, refused)
+                except Exception as exc:  # noqa: BLE001 - as for the composers
+                    self.expanders_unavailable[name] = f"its checkpoint cannot be used ({exc.__class__.__name__})"
+                    log.warning("%s unavailable: %s: %s", name, exc.__class__.__name__, exc)
 
         self.defaults = engine_defaults(backbone, self.settings)
 
@@ -195,7 +201,8 @@ class SearchEngine:
             data = read_bytes(image, int(self.settings.max_upload_mb * 1e6))
             key = hashlib.sha256(data).hexdigest()
             image = data
-        return self._cached_features(key, lambda: load_image(image, **decode_limits(self.settings)))
+        return self._cached_features(key, lambda: load_image(image, **decode_limits(self.settings),
+                                                             side=REFERENCE_SIDE))  # only embedded: a small copy
 
     def gallery_features(self, item_id: int):
         if not 0 <= item_id < len(self.index):
@@ -206,7 +213,8 @@ class SearchEngine:
             path = self.index.image_path(item_id)
             if not path.exists():
                 path = self.index.display_path(item_id)
-            return load_image(path, **{**decode_limits(self.settings), "max_bytes": DEFAULT_MAX_BYTES})
+            return load_image(path, **{**decode_limits(self.settings), "max_bytes": DEFAULT_MAX_BYTES},
+                              side=REFERENCE_SIDE)
 
         return self._cached_features(key, load)
 

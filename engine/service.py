@@ -2,6 +2,10 @@
 galleries built from uploaded zips. Plain functions, shared by the demo and the CLI."""
 from __future__ import annotations
 
+import numpy as np
+import torch
+
+import errno
 import logging
 import shutil
 import threading
@@ -17,6 +21,9 @@ from .config import Settings, cache_dir
 from .errors import IndexLoadError, InputError
 from .index.build import index_source
 from .index.ics_index import available_ics_types
+from .index.pipeline import repair_thumbnails
+from .index.shards import cache_folder
+from .images import DEFAULT_MAX_BYTES, decode_limits, load_image
 from .index.walk import find_images
 from .prebuilt import seed_index
 from .search import SearchEngine, open_engine
@@ -49,27 +56,91 @@ def _open_default_engine(settings: Settings, progress=None) -> SearchEngine:
     backbone = create_backbone(settings.backbone, settings.device, settings=settings)
     out = settings.resolved_index_dir()
     with _lock:
-        try:
-            engine = open_engine(out, backbone=backbone, settings=settings)
-            changed = gallery_changes(settings.gallery, engine.index)
-            if not changed:
-                return engine
-            log.info("the gallery folder changed since its index was made (%s): updating the index", changed)
-            first = False
-        except IndexLoadError as exc:
-            first = not (Path(out) / "CURRENT").exists()
-            if not first:
-                log.warning("rebuilding the gallery index at %s (%s)", out, exc)
-
-        seeded = seed_index(settings.gallery, out, backbone)  # the bundled gallery's prebuilt embeddings, when they fit
-        if first and not seeded:
-            log.info("first start: indexing the gallery (embedding every photo once)")
-        index_source(settings.gallery, out, backbone, settings=settings, progress=progress)  # + thumbnails
-        engine = open_engine(out, backbone=backbone, settings=settings)
-        if first and seeded:  # one line for what happened: nothing was embedded
-            log.info("first start: the gallery index of %d photos was made from the prebuilt embeddings "
-                     "(nothing to embed)", len(engine.index))
+        engine, built = _open_or_build(settings, out, backbone, progress)
+        problem = vectors_problem(engine)
+        if problem:  # a valid file with the wrong content (rows swapped, another gallery's vectors): re-embed all
+            log.warning("the gallery index's vectors do not match its images (%s); rebuilding it by embedding "
+                        "every photo", problem)
+            shutil.rmtree(cache_folder(Path(out), backbone.fingerprint), ignore_errors=True)
+            index_source(settings.gallery, out, backbone, settings=settings, progress=progress)
+            engine, built = open_engine(out, backbone=backbone, settings=settings), True
+        if not built:
+            check_thumbnails(engine)
         return engine
+
+
+def _open_or_build(settings: Settings, out: Path, backbone, progress=None):
+    """(engine, whether the index was (re)built now): the cached index when it loads and lists the gallery's
+    photos, else the index built (incrementally; from the prebuilt embeddings on a first start)."""
+    try:
+        engine = open_engine(out, backbone=backbone, settings=settings)
+        changed = gallery_changes(settings.gallery, engine.index)
+        if not changed:
+            return engine, False
+        log.info("the gallery folder changed since its index was made (%s): updating the index", changed)
+        first = False
+    except IndexLoadError as exc:
+        first = not (Path(out) / "CURRENT").exists()
+        if not first:
+            log.warning("rebuilding the gallery index at %s (%s)", out, exc)
+
+    seeded = seed_index(settings.gallery, out, backbone)  # the bundled gallery's prebuilt embeddings, when they fit
+    if first and not seeded:
+        log.info("first start: indexing the gallery (embedding every photo once)")
+    index_source(settings.gallery, out, backbone, settings=settings, progress=progress)  # + thumbnails
+    engine = open_engine(out, backbone=backbone, settings=settings)
+    if first and seeded:  # one line for what happened: nothing was embedded
+        log.info("first start: the gallery index of %d photos was made from the prebuilt embeddings "
+                 "(nothing to embed)", len(engine.index))
+    return engine, True
+
+
+VECTOR_SAMPLE = 4  # gallery items re-embedded at start (first, last and two between)
+VECTOR_MIN_COSINE = 0.95  # below this a stored vector is not its image's (float16 and CPU/GPU differ by < 0.01)
+
+
+def vectors_problem(engine: SearchEngine, sample: int = VECTOR_SAMPLE) -> Optional[str]:
+    """None when a sample of the index's items, embedded again from their images, match their stored vectors;
+    else which item did not (what a prebuilt or cached file with its rows reordered would give). Items whose
+    image cannot be read are not sampled; an index with database-side augmentation is not checked."""
+
+
+    index = engine.index
+    n = len(index)
+    if not n or index.meta.get("dba"):
+        return None
+    ids = sorted({0, n - 1, n // 3, (2 * n) // 3})[:max(1, sample)]
+    for i in ids:
+        try:
+            img = load_image(index.image_path(i), **{**decode_limits(engine.settings), "max_bytes": DEFAULT_MAX_BYTES})
+        except (InputError, OSError):
+            continue
+        with torch.no_grad():
+            emb = engine.backbone.encode_images(engine.backbone.preprocess(img).unsqueeze(0))
+        emb = np.asarray(emb[0].float().cpu().numpy() if hasattr(emb, "float") else emb[0], dtype=np.float32)
+        stored = index.embeddings[i].astype(np.float32)
+        cos = float(emb @ stored / max(1e-12, float(np.linalg.norm(emb) * np.linalg.norm(stored))))
+        if not cos >= VECTOR_MIN_COSINE:
+            return f"item {i}, {index.items[i]['path']}: cosine {cos:.2f} to its own image"
+    return None
+
+
+def check_thumbnails(engine: SearchEngine) -> int:
+    """At start: every thumbnail checked against its recorded checksum, the damaged ones rebuilt (a full disk
+    leaves them to the source images); returns how many were rebuilt."""
+
+    index = engine.index
+    limits = decode_limits(engine.settings)
+    try:
+        n = repair_thumbnails(index.source, Path(index.folder) / "thumbs", index.items, limits["max_pixels"],
+                              limits["max_decode_bytes"])
+    except OSError as exc:
+        log.warning("thumbnails not checked (%s); damaged ones are replaced by their source images",
+                    exc.strerror or exc.__class__.__name__)
+        return 0
+    index.__dict__.pop("_thumb_sums", None)
+    index.__dict__.pop("_thumbs_checked", None)
+    return n
 
 
 def gallery_changes(gallery, index) -> str:
@@ -118,6 +189,13 @@ def build_session_engine(zip_path, base: SearchEngine, progress=None, index_type
         index_source(zip_path, out, base.backbone, index_type=index_type, settings=settings, progress=progress,
                      workers=0)
         return open_engine(out, backbone=base.backbone, settings=settings, models_from=base)
+    except OSError as exc:
+        shutil.rmtree(out, ignore_errors=True)
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):  # the server's to fix, told in one sentence, no traceback
+            log.warning("a zip session could not be indexed: the disk is full")
+            raise InputError("the server's disk is full, so your photos could not be indexed; try again later") \
+                from None
+        raise
     except Exception:
         shutil.rmtree(out, ignore_errors=True)
         raise

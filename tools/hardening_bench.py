@@ -1,4 +1,4 @@
-"""Issue #27's attacks against a running ``python app.py``, measured from outside the server.
+"""Issue #27's and #35's attacks against a running ``python app.py``, measured from outside the server.
 
     python tools/hardening_bench.py                      # starts app.py on a free loopback port (packaged backbone)
     python tools/hardening_bench.py --url http://127.0.0.1:7860/ --pid 1234   # a server already running
@@ -8,7 +8,11 @@ Sections (``--only``): ``attacks`` (each hostile image through the Gradio queue 
 uploaded file, and through ``POST /api/search`` as base64; the server's peak RSS growth, the time and the
 sentence it answered, then a normal search), ``bodies`` (40 concurrent 26.4 MB JSON bodies), ``triplets``
 (``python -m engine eval triplets`` on a 1000-line and a ``--lines`` file: peak RSS of each run and the
-difference, which is what the file's length costs). The server's peak RSS is its VmHWM, reset before each
+difference, which is what the file's length costs; its references cycle over every gallery item), and issue
+#35's: ``concurrent`` (10 concurrent valid 5000x5000 PNGs, 10 progressive CMYK JPEGs), ``slow`` (two slow
+senders while normal searches go on), ``expand`` (26.7 MB of ``[[],...]``), ``headers`` (a header line every
+2 s), ``disconnect`` (a client gone mid-body), ``soak`` (``--soak-minutes`` of 10 clients, 60 % JSON, 40 %
+Gradio API: RSS each minute), ``starts`` (a start with each damaged file). The server's peak RSS is its VmHWM, reset before each
 request through ``/proc/PID/clear_refs`` (sampled VmRSS where that is not allowed).
 
 The payloads are made small: PNGs of huge dimensions whose rows compress to almost nothing.
@@ -60,12 +64,44 @@ def png(w: int, h: int, depth: int = 8, colour: int = 0, tag: bytes = b"") -> by
     return out + _chunk(b"IDAT", body) + _chunk(b"IEND", b"")
 
 
+def rle_bmp(w: int, h: int) -> bytes:
+    """A valid w x h 8-bit run-length compressed (RLE8) BMP: runs of 255 pixels, a few bytes a row."""
+    runs = b"".join(bytes([255, i % 256]) for i in range(w // 255)) + (bytes([w % 255, 7]) if w % 255 else b"")
+    pixels = (runs + b"\x00\x00") * h + b"\x00\x01"
+    palette = b"".join(bytes([i, i, i, 0]) for i in range(256))
+    info = struct.pack("<IiiHHIIiiII", 40, w, h, 1, 8, 1, len(pixels), 2835, 2835, 256, 0)
+    offset = 14 + len(info) + len(palette)
+    return b"BM" + struct.pack("<IHHI", offset + len(pixels), 0, 0, offset) + info + palette + pixels
+
+
+def progressive_jpeg(w: int, h: int, mode: str = "CMYK") -> bytes:
+    """A w x h progressive JPEG of one flat colour (a few hundred kB even at 40 MP); making it holds the image
+    once, in this process."""
+    import io
+
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new(mode, (w, h), (10, 200, 30, 0)[:len(mode)] if mode != "L" else 90).save(buf, "JPEG", progressive=True,
+                                                                                        quality=70)
+    return buf.getvalue()
+
+
 def header_only_png() -> bytes:
     return png(64, 64)[:33]  # signature + IHDR, no pixel data
 
 
 def jpeg_photo() -> bytes:
     return sorted((ROOT / "assets" / "gallery").rglob("*.jpg"))[0].read_bytes()
+
+
+_MADE: Dict[str, bytes] = {}
+
+
+def _cached(name: str, make) -> bytes:
+    if name not in _MADE:
+        _MADE[name] = make()
+    return _MADE[name]
 
 
 def attacks(tag: str = "") -> Dict[str, Tuple[bytes, str, str]]:
@@ -79,6 +115,9 @@ def attacks(tag: str = "") -> Dict[str, Tuple[bytes, str, str]]:
         "6300x6300 palette PNG": (png(6300, 6300, 8, 3, tag=t), "palette.png", ""),
         "6300x6300 1-bit PNG": (png(6300, 6300, 1, 0, tag=t), "bits.png", ""),
         "6300x6300 16-bit grayscale PNG": (png(6300, 6300, 16, 0, tag=t), "gray16.png", ""),
+        "6300x6300 progressive CMYK JPEG": (_cached("pjpeg", lambda: progressive_jpeg(6300, 6300)) + t,
+                                            "cmyk.jpg", "needs"),
+        "6300x6300 RLE-compressed BMP": (rle_bmp(6300, 6300), "rle.bmp", "run-length"),
         "header-only PNG": (header_only_png(), "header.png", "not an image"),
         "text file named .jpg": (b"this is not an image " + t, "note.jpg", "not an image"),
     }
@@ -299,9 +338,268 @@ def run_bodies(url: str, pid: int, clients: int = 40, body_mb: float = 19.8) -> 
             "seconds": round(p.seconds, 1), "open_fds_after": fds, "normal_search_after": normal_search_ok(url)}
 
 
-def triplet_file(path: Path, lines: int, index_dir: Path, bad_every: int = 0) -> Path:
-    """``lines`` queries over the index's items (gallery references cycle over 40 items, targets over all);
-    with ``bad_every``, every such line is not JSON."""
+# -- issue #35: concurrency, slow and expanding bodies, headers, disconnects -----------------------------------
+def run_concurrent_images(url: str, pid: int, clients: int = 10) -> List[dict]:
+    """``clients`` concurrent valid (or costly) images through POST /api/search at once: the decode budget
+    bounds what they add together."""
+    cases = {"5000x5000 grayscale PNG (valid)": lambda i: png(5000, 5000, tag=f"c{i} {time.time_ns()}".encode()),
+             "6300x6300 progressive CMYK JPEG": lambda i: _cached("pjpeg", lambda: progressive_jpeg(6300, 6300))
+             + f"{i} {time.time_ns()}".encode()}
+    rows = []
+    for name, make in cases.items():
+        bodies = [json.dumps({"image": base64.b64encode(make(i)).decode(), "text": "", "k": 3}).encode()
+                  for i in range(clients)]
+        answers: List = []
+        lock = threading.Lock()
+        start = threading.Barrier(clients)
+
+        def one(body):
+            c = _conn(url)
+            try:
+                start.wait(30)
+                c.request("POST", "/api/search", body=body, headers={"Content-Type": "application/json"})
+                r = c.getresponse()
+                out = (r.status, json.loads(r.read() or b"{}").get("error", ""))
+            except Exception as exc:  # noqa: BLE001 - a reset is a result here
+                out = (type(exc).__name__, "")
+            finally:
+                c.close()
+            with lock:
+                answers.append(out)
+
+        with Peak(pid) as p:
+            threads = [threading.Thread(target=one, args=(b,)) for b in bodies]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+        rows.append({"case": f"{clients} concurrent {name}", "codes": dict(Counter(str(a[0]) for a in answers)),
+                     "messages": sorted({a[1] for a in answers if a[1]}), "growth_mb": round(p.growth / MB, 1),
+                     "seconds": round(p.seconds, 2), "normal_search_after": normal_search_ok(url)})
+    return rows
+
+
+def run_slow_bodies(url: str, pid: int, senders: int = 2, seconds: float = 40.0) -> dict:
+    """``senders`` connections each declare a 26 MB body and send one byte every 5 s; meanwhile a normal search
+    is sent every second: how many were answered 200, and when the slow ones were closed."""
+    u = urlparse(url)
+    closed_after: List[float] = []
+    stop = threading.Event()
+
+    def slow():
+        s = socket.create_connection((u.hostname, u.port), timeout=60)
+        t0 = time.perf_counter()
+        try:
+            s.sendall(b"POST /api/search HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                      b"Content-Length: 26000000\r\n\r\n{")
+            s.settimeout(5.0)
+            while not stop.is_set():
+                try:
+                    if s.recv(4096):
+                        break  # answered (408)
+                    break
+                except socket.timeout:
+                    s.sendall(b" ")
+        except OSError:
+            pass
+        finally:
+            closed_after.append(round(time.perf_counter() - t0, 1))
+            s.close()
+
+    threads = [threading.Thread(target=slow, daemon=True) for _ in range(senders)]
+    for t in threads:
+        t.start()
+    time.sleep(1.0)
+    codes: Counter = Counter()
+    with Peak(pid) as p:
+        t0 = time.perf_counter()
+        while time.perf_counter() - t0 < seconds:
+            try:
+                status, _ = post_json(url, {"text": "a red car", "k": 3})
+            except OSError as exc:
+                status = type(exc).__name__
+            codes[str(status)] += 1
+            time.sleep(1.0)
+    stop.set()
+    for t in threads:
+        t.join(10)
+    return {"case": f"{senders} slow senders (26 MB declared, 1 byte / 5 s)", "normal_searches": dict(codes),
+            "slow_closed_after_s": closed_after, "growth_mb": round(p.growth / MB, 1)}
+
+
+def run_expanding_json(url: str, pid: int, mb: float = 26.7) -> dict:
+    body = b"[" + b"[]," * int(mb * 1e6 / 3) + b"[]]"
+    with Peak(pid) as p:
+        status, answer = post_json(url, None, raw=body)
+    return {"case": f"{len(body) / 1e6:.1f} MB of [[],[],...]", "status": status, "message": answer.get("error", ""),
+            "growth_mb": round(p.growth / MB, 1), "seconds": round(p.seconds, 2)}
+
+
+def run_slow_headers(url: str, every: float = 2.0, limit: float = 120.0) -> dict:
+    """A header line every ``every`` seconds: seconds until the server closes the connection."""
+    u = urlparse(url)
+    s = socket.create_connection((u.hostname, u.port), timeout=limit)
+    t0 = time.perf_counter()
+    try:
+        s.sendall(b"GET /config HTTP/1.1\r\n")
+        s.settimeout(every)
+        i = 0
+        while time.perf_counter() - t0 < limit:
+            try:
+                if s.recv(4096) == b"":
+                    break
+            except socket.timeout:
+                s.sendall(f"X-Slow-{i}: 1\r\n".encode())
+                i += 1
+    except OSError:
+        pass
+    finally:
+        s.close()
+    return {"case": f"header lines one every {every:g} s", "closed_after_s": round(time.perf_counter() - t0, 1)}
+
+
+def run_disconnect(url: str, log_path: Path) -> dict:
+    """A client that declares 5 MB, sends 1 MB and goes away: the server log lines it caused."""
+    before = log_path.read_text(errors="replace") if log_path.exists() else ""
+    u = urlparse(url)
+    s = socket.create_connection((u.hostname, u.port), timeout=30)
+    s.sendall(b"POST /api/search HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 5000000"
+              b"\r\n\r\n{\"image\": \"" + b"A" * 1_000_000)
+    time.sleep(0.5)
+    s.close()
+    time.sleep(1.0)
+    added = (log_path.read_text(errors="replace") if log_path.exists() else "")[len(before):]
+    return {"case": "client gone mid-body", "log_lines": len(added.splitlines()),
+            "tracebacks": added.count("Traceback"), "normal_search_after": normal_search_ok(url)}
+
+
+def run_soak(url: str, pid: int, minutes: float = 3.0, clients: int = 10, json_share: float = 0.6) -> dict:
+    """``clients`` callers for ``minutes``: ``json_share`` of the calls through POST /api/search, the rest
+    through the page's Gradio API (text-only searches); the server's RSS at the end of each minute."""
+    stop = time.perf_counter() + minutes * 60
+    calls: Counter = Counter()
+    lock = threading.Lock()
+
+    def client(k: int):
+        i = 0
+        while time.perf_counter() < stop:
+            i += 1
+            text = f"a red car {k} {i}"
+            try:
+                if (i * 7 + k) % 10 < json_share * 10:
+                    status, _ = post_json(url, {"text": text, "k": 3})
+                    key = f"json {status}"
+                else:
+                    key = "gradio " + gradio_search(url, None, text)[0]
+            except Exception as exc:  # noqa: BLE001
+                key = type(exc).__name__
+            with lock:
+                calls[key] += 1
+
+    threads = [threading.Thread(target=client, args=(k,), daemon=True) for k in range(clients)]
+    rss = [round(_status(pid, "VmRSS") / MB, 1)]
+    for t in threads:
+        t.start()
+    for _ in range(int(round(minutes))):
+        time.sleep(60)
+        rss.append(round(_status(pid, "VmRSS") / MB, 1))
+    for t in threads:
+        t.join(120)
+    return {"case": f"{minutes:g}-minute soak, {clients} clients", "rss_mb_per_minute": rss, "calls": dict(calls),
+            "end_minus_first_minute_mb": round(rss[-1] - rss[1], 1) if len(rss) > 2 else None}
+
+
+# -- issue #35: a start with each damaged file -----------------------------------------------------------------
+DAMAGES = ("long CURRENT", "NaN cache row", "reversed cache rows", "garbage thumbnail", "rtic bad config",
+           "rtic wrong shapes", "rtic NaN anchor", "defaults non-integer nQE", "defaults nqe list",
+           "defaults nqe_fraction 1e308")
+
+
+def run_starts(index_dir: Path, folder: Path, damages=DAMAGES) -> List[dict]:
+    """``python -c 'load_default_engine(); search'`` on a copy of the index (and a checkpoints folder) with one
+    damaged file each: exit code, seconds, the warning lines, whether a search answered."""
+    import shutil
+
+    rows = []
+    for damage in damages:
+        case = folder / damage.replace(" ", "-")
+        idx, ck = case / "index", case / "checkpoints"
+        shutil.copytree(index_dir, idx)
+        ck.mkdir(parents=True)
+        _damage(damage, idx, ck)
+        code = ("import logging, sys; logging.basicConfig(level=logging.WARNING, format='%(message)s');"
+                "from engine.config import Settings; from engine.service import load_default_engine;"
+                "from engine.search import search; s = Settings(); e = load_default_engine(s);"
+                "r = search(e, image=0, text='in red', k=3); print('searched', len(r.results), e.composers.keys())")
+        env = dict(os.environ, CIS_BACKBONE="packaged", CIS_DEVICE="cpu", HF_HUB_OFFLINE="1", CIS_INDEX_DIR=str(idx),
+                   CIS_CHECKPOINTS=str(ck), CIS_PREPARED_DIR=str(case / "prepared"))
+        t0 = time.perf_counter()
+        proc = subprocess.run([sys.executable, "-c", code], cwd=str(ROOT), env=env, capture_output=True, text=True,
+                              timeout=900)
+        err = proc.stderr.strip().splitlines()
+        rows.append({"damage": damage, "rc": proc.returncode, "seconds": round(time.perf_counter() - t0, 1),
+                     "searched": "searched 3" in proc.stdout, "tracebacks": proc.stderr.count("Traceback"),
+                     "lines": [ln for ln in err if "Warning" not in ln][-3:]})
+    return rows
+
+
+def _damage(damage: str, idx: Path, ck: Path) -> None:
+    import numpy as np
+
+    from engine.index.shards import read_shards, write_shard_file
+
+    slug = "packaged-efficientnet-lite0-all-minilm-l6-v2"
+    bundled = ROOT / "assets" / "checkpoints"
+    if damage == "long CURRENT":
+        (idx / "CURRENT").write_text("v" * 300 + "\n")
+    elif damage in ("NaN cache row", "reversed cache rows"):
+        from engine.index.shards import cache_folder
+        from engine.index.store import GalleryIndex
+
+        cache = cache_folder(idx, GalleryIndex.load(idx, build_vectors=False).fingerprint)
+        known = read_shards(cache)
+        hashes = sorted(known)
+        embs = np.stack([known[h][0] for h in (reversed(hashes) if damage.startswith("reversed") else hashes)])
+        if damage.startswith("NaN"):
+            embs[0] = np.nan
+        for old in cache.glob("shard-*.npz"):
+            old.unlink()
+        write_shard_file(cache / "shard-0-prebuilt.npz", hashes, embs, [known[h][1] for h in hashes])
+        (idx / "CURRENT").unlink()  # the first start of a cache seeded with this file
+    elif damage == "garbage thumbnail":
+        for t in sorted((idx / "thumbs").glob("*.jpg"))[:5]:
+            t.write_bytes(b"garbage")
+    elif damage.startswith("rtic"):
+        from safetensors import safe_open
+        from safetensors.torch import save_file
+
+        src = bundled / f"rtic-{slug}.safetensors"
+        with safe_open(str(src), framework="pt") as f:
+            meta, tensors = f.metadata(), {k: f.get_tensor(k) for k in f.keys()}
+        key = "cis_checkpoint" if "cis_checkpoint" in meta else "rtic"
+        record = json.loads(meta[key])
+        if damage.endswith("bad config"):
+            record["config"]["n_blocks"] = "four"
+        elif damage.endswith("NaN anchor"):
+            record["anchor"]["weight"] = float("nan")
+        else:
+            name = next(k for k, v in tensors.items() if v.ndim == 2 and not k.startswith("anchor"))
+            tensors[name] = tensors[name][:-1].clone()
+        save_file(tensors, str(ck / src.name), metadata={**meta, key: json.dumps(record)})
+    else:
+        from engine.backbones import create_backbone
+
+        fp = create_backbone("packaged", "cpu").fingerprint
+        bad = {"defaults non-integer nQE": {"nqe": {"lattqe": "four"}}, "defaults nqe list": {"nqe": [4]},
+               "defaults nqe_fraction 1e308": {"nqe_fraction": 1e308}}[damage]
+        (ck / f"defaults-{slug}.json").write_text(json.dumps({"kind": "defaults", "backbone_fingerprint": fp,
+                                                              "method": "sum", "nqe": {"lattqe": 4}, **bad}))
+
+
+
+def triplet_file(path: Path, lines: int, index_dir: Path, bad_every: int = 0, distinct: int = 40) -> Path:
+    """``lines`` queries over the index's items (gallery references cycle over ``distinct`` items, targets over
+    all); with ``bad_every``, every such line is not JSON."""
     from engine.index.store import GalleryIndex
 
     items = GalleryIndex.load(index_dir, build_vectors=False).items
@@ -310,7 +608,7 @@ def triplet_file(path: Path, lines: int, index_dir: Path, bad_every: int = 0) ->
             if bad_every and i % bad_every == bad_every - 1:
                 f.write("{not json\n")
                 continue
-            f.write(json.dumps({"reference": f"gallery:{i % 40}", "text": "at night",
+            f.write(json.dumps({"reference": f"gallery:{i % distinct}", "text": "at night",
                                 "targets": [items[(i * 7) % len(items)]["path"]]}) + "\n")
     return path
 
@@ -339,10 +637,15 @@ def run_triplets_once(index_dir: Path, queries: Path, timeout: float = 1800) -> 
 
 
 def run_triplets(index_dir: Path, lines: int, folder: Path) -> dict:
-    small = run_triplets_once(index_dir, triplet_file(folder / "q-1k.jsonl", 1000, index_dir))
-    big = run_triplets_once(index_dir, triplet_file(folder / "q-big.jsonl", lines, index_dir))
+    """A 1000-line file and a ``lines``-line one whose references cycle over every gallery item (each distinct
+    reference is encoded once per run)."""
+    from engine.index.store import GalleryIndex
+
+    every = len(GalleryIndex.load(index_dir, build_vectors=False).items)
+    small = run_triplets_once(index_dir, triplet_file(folder / "q-1k.jsonl", 1000, index_dir, distinct=every))
+    big = run_triplets_once(index_dir, triplet_file(folder / "q-big.jsonl", lines, index_dir, distinct=every))
     progress = "queries:" in big["stderr"] and "it/s" in big["stderr"] or "line/s" in big["stderr"]
-    return {"lines": lines, "peak_1k_mb": small["peak_mb"], "peak_mb": big["peak_mb"],
+    return {"lines": lines, "distinct_references": every, "seconds_1k": small["seconds"], "peak_1k_mb": small["peak_mb"], "peak_mb": big["peak_mb"],
             "growth_mb": round(big["peak_mb"] - small["peak_mb"], 1), "seconds": big["seconds"], "rc": big["rc"],
             "progress_shown": bool(progress),
             "queries": json.loads(big["stdout"])["queries"] if big["rc"] == 0 else None}
@@ -362,11 +665,41 @@ def private_index(folder: Path) -> Path:
     return out  # otherwise the app builds it (first start)
 
 
+SERVER_SECTIONS = {"attacks", "bodies", "concurrent", "slow", "expand", "headers", "disconnect", "soak"}
+
+
+def _server_sections(out: dict, only: set, url: str, pid: int, log_path: Path, args) -> None:
+    if "concurrent" in only:
+        out["concurrent"] = run_concurrent_images(url, pid)
+        for r in out["concurrent"]:
+            print(f"{r['case']}: answered {r['codes']}, peak +{r['growth_mb']} MB, {r['seconds']} s, "
+                  f"said {r['messages']}, normal search after: {'ok' if r['normal_search_after'] else 'FAILED'}")
+    if "slow" in only:
+        out["slow"] = r = run_slow_bodies(url, pid)
+        print(f"{r['case']}: normal searches meanwhile {r['normal_searches']}, slow ones closed after "
+              f"{r['slow_closed_after_s']} s, peak +{r['growth_mb']} MB")
+    if "expand" in only:
+        out["expand"] = r = run_expanding_json(url, pid)
+        print(f"{r['case']}: {r['status']} in {r['seconds']} s, peak +{r['growth_mb']} MB: {r['message']}")
+    if "headers" in only:
+        out["headers"] = r = run_slow_headers(url)
+        print(f"{r['case']}: connection closed after {r['closed_after_s']} s")
+    if "disconnect" in only:
+        out["disconnect"] = r = run_disconnect(url, log_path)
+        print(f"{r['case']}: {r['log_lines']} log lines, {r['tracebacks']} tracebacks, normal search after: "
+              f"{'ok' if r['normal_search_after'] else 'FAILED'}")
+    if "soak" in only:
+        out["soak"] = r = run_soak(url, pid, minutes=args.soak_minutes)
+        print(f"{r['case']}: RSS by minute {r['rss_mb_per_minute']} MB (end - first minute "
+              f"{r['end_minus_first_minute_mb']} MB), calls {r['calls']}")
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--url", help="a running server (default: start python app.py)")
     p.add_argument("--pid", type=int, help="the running server's process id (with --url)")
-    p.add_argument("--only", default="attacks,bodies,triplets")
+    p.add_argument("--only", default="attacks,bodies,concurrent,slow,expand,headers,disconnect,soak,starts,triplets")
+    p.add_argument("--soak-minutes", type=float, default=3.0)
     p.add_argument("--lines", type=int, default=100_000, help="lines of the large eval triplets file")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
@@ -376,7 +709,7 @@ def main(argv=None) -> int:
         tmp = Path(tmp)
         index_dir = private_index(tmp)
         proc = None
-        if (only & {"attacks", "bodies"}) and not args.url:
+        if (only & SERVER_SECTIONS) and not args.url:
             proc, url = start_server(index_dir, tmp / "server.log")
             pid = proc.pid
         else:
@@ -395,12 +728,18 @@ def main(argv=None) -> int:
                       f"+{b['peak_growth_mb']} MB, +{b['held_after_mb']} MB held 2 s after, {b['seconds']} s, "
                       f"{b['open_fds_after']} open descriptors after, normal search after: "
                       f"{'ok' if b['normal_search_after'] else 'FAILED'}")
+            _server_sections(out, only, url, pid, tmp / "server.log", args)
         finally:
             if proc is not None:
                 log = (tmp / "server.log").read_text(errors="replace")
                 out["server_tracebacks"] = log.count("Traceback")
                 print(f"server log: {out['server_tracebacks']} tracebacks")
                 stop_server(proc)
+        if "starts" in only and (index_dir / "CURRENT").exists():
+            out["starts"] = run_starts(index_dir, tmp / "starts")
+            for r in out["starts"]:
+                print(f"start with {r['damage']:<28} exit {r['rc']}  {r['seconds']:>6} s  searched: {r['searched']}  "
+                      f"tracebacks: {r['tracebacks']}  said: {' | '.join(r['lines'])[:300]}")
         if "triplets" in only:
             if not (index_dir / "CURRENT").exists():
                 from engine.backbones import create_backbone

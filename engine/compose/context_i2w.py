@@ -45,7 +45,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..checkpoints import figures_of, find, load, make_record, part, write
+from ..checkpoints import figures_of, find, load, load_first, make_record, part, write
 from ..config import Settings
 from ..errors import CheckpointError, InputError
 from .anchor import Anchor, blend_many, composable, load_anchor, operation_text, prior_only, split_state
@@ -563,10 +563,12 @@ def load_context_i2w_composer(backbone, checkpoint_dir=None) -> ContextI2WCompos
     if not found:
         raise ComposerUnavailable(
             f"no Context-I2W checkpoint for {backbone.name} in {checkpoint_dir}; {part('context-i2w').train_hint()}")
-    path = found[0][0]
-    mapper, record = load_context_i2w(path, backbone.fingerprint)
-    anchor = load_anchor(path, record)  # CheckpointError naming the file when unreadable
-    return ContextI2WComposer(backbone, mapper, record, anchor=anchor)
+    def one(path):  # best first; a damaged one is passed over for the next (in the end the bundled file)
+        mapper, record = load_context_i2w(path, backbone.fingerprint)
+        anchor = load_anchor(path, record)  # CheckpointError naming the file when unreadable
+        return ContextI2WComposer(backbone, mapper, record, anchor=anchor)
+
+    return load_first(found, one, "Context-I2W")
 
 
 COMPOSERS.register("context-i2w")(

@@ -34,7 +34,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..checkpoints import figures_of, find, load, make_record, part, write
+from ..checkpoints import figures_of, find, load, load_first, make_record, part, write
 from ..config import Settings
 from ..errors import CheckpointError
 from .anchor import Anchor, blend_many, composable, load_anchor, operation_text, prior_only, split_state
@@ -205,8 +205,8 @@ def load_rtic(path: os.PathLike, fingerprint: Optional[str] = None) -> Tuple[RTI
     format 1); CheckpointError names the file on a fingerprint mismatch or damaged weights (the prior anchor
     stored beside the weights is read by :func:`engine.compose.anchor.load_anchor`)."""
     ck = load("rtic", Path(path).with_suffix(".safetensors"), fingerprint=fingerprint)
-    model = RTIC(RTICConfig.from_dict(ck.record["config"]))
     try:
+        model = RTIC(RTICConfig.from_dict(ck.record["config"]))
         model.load_state_dict(split_state(ck.tensors))
     except Exception as exc:
         raise CheckpointError(f"{ck.path.name}: weights do not match the stored config ({exc})") from None
@@ -302,10 +302,12 @@ def load_rtic_composer(backbone, checkpoint_dir=None, variant: Optional[str] = N
         raise ComposerUnavailable(
             f"no RTIC checkpoint for {backbone.name} in {checkpoint_dir}; {part('rtic').train_hint()}"
         )
-    path, _ = found[0]  # the layer's tie rule: search path, plain RTIC first, name
-    model, record = load_rtic(path, backbone.fingerprint)
-    anchor = load_anchor(path, record)  # CheckpointError naming the file when unreadable
-    return RTICComposer(backbone, model, record, anchor=anchor)
+    def one(path):  # in the layer's tie rule: search path, plain RTIC first, name; a damaged one passed over
+        model, record = load_rtic(path, backbone.fingerprint)
+        anchor = load_anchor(path, record)  # CheckpointError naming the file when unreadable
+        return RTICComposer(backbone, model, record, anchor=anchor)
+
+    return load_first(found, one, "RTIC")
 
 
 COMPOSERS.register("rtic")(lambda backbone, checkpoint_dir=None: load_rtic_composer(backbone, checkpoint_dir))

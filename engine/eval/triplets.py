@@ -16,6 +16,8 @@ query, and the expanded query is scored against the whole gallery.
 """
 from __future__ import annotations
 
+from collections import OrderedDict
+
 import argparse
 import json
 import sys
@@ -65,6 +67,13 @@ class _Gallery:
         self.size = len(index)
 
 
+def _inside(candidate: Path, base: Path) -> bool:
+    try:
+        return Path(base).resolve() in Path(candidate).resolve().parents
+    except (OSError, ValueError, RuntimeError):
+        return False
+
+
 def _parse_line(obj, n: int, path: Path, g: _Gallery) -> Triplet:
     """One query line as a Triplet; InputError naming the file and line for anything wrong."""
     if not isinstance(obj, dict):
@@ -88,11 +97,17 @@ def _parse_line(obj, n: int, path: Path, g: _Gallery) -> Triplet:
             ref = rid
         else:
             try:
-                cands = [Path(ref)] if Path(ref).is_absolute() else \
-                    ([g.root / ref] if g.root is not None else []) + [path.parent / ref]
+                if Path(ref).is_absolute():
+                    cands = [Path(ref)]
+                else:  # relative: inside the gallery root or the queries file's folder, never above them
+                    cands = [base / ref for base in ([g.root] if g.root is not None else []) + [path.parent]
+                             if _inside(base / ref, base)]
                 found = next((c for c in cands if c.is_file()), None)
             except (OSError, ValueError):  # a NUL byte, a name too long
-                found = None
+                cands, found = [None], None
+            if not cands:
+                raise InputError(f"{path.name} line {n}: reference {ref[:200]} points outside the gallery "
+                                 "folder and the queries file's folder")
             if found is None:
                 raise InputError(f"{path.name} line {n}: reference image {ref[:200]} not found")
             ref = found
@@ -196,16 +211,113 @@ def _chunks(items: Iterable, size: int) -> Iterator[list]:
         yield block
 
 
+FEATURE_CACHE_BYTES = 1 << 30  # reference features kept for the run (each distinct reference encoded once)
+
+
+class _References:
+    """Each distinct reference of a run decoded and encoded once: (embedding, tokens, gallery ids to exclude)
+    by reference, least recently used dropped past ``max_bytes`` (a run's distinct references usually fit)."""
+
+    def __init__(self, engine, by_sha: Dict[str, List[int]], max_bytes: int = FEATURE_CACHE_BYTES):
+
+        self.engine, self.by_sha, self.max_bytes = engine, by_sha, max_bytes
+        self.kept: "OrderedDict[object, tuple]" = OrderedDict()
+        self.bytes = 0
+        self.encoded = 0
+
+    def prefetch(self, refs: Iterable, batch: int = 32) -> None:
+        """Encode the block's references not yet kept in batches of ``batch`` (one forward pass each, not one
+        per reference) into the engine's feature cache, where :meth:`get` (through the engine's
+        ``reference_features``) finds them; a reference that cannot be read is left to :meth:`get`, which
+        names the problem."""
+        from ..images import DEFAULT_MAX_BYTES, REFERENCE_SIDE, decode_limits, load_image, read_bytes, sha256_file
+
+        engine, todo, seen = self.engine, [], set()
+        limits = decode_limits(engine.settings)
+        for ref in refs:
+            key = ref if isinstance(ref, int) else str(ref)
+            if ref is None or key in self.kept or key in seen:
+                continue
+            seen.add(key)
+            try:
+                if isinstance(ref, int):
+                    sha = engine.index.items[ref]["sha256"]
+                    if sha in engine.cache:
+                        continue
+                    path = engine.index.image_path(ref)
+                    img = load_image(path if path.exists() else engine.index.display_path(ref),
+                                     **{**limits, "max_bytes": DEFAULT_MAX_BYTES}, side=REFERENCE_SIDE)
+                else:
+                    sha = sha256_file(ref)
+                    if sha in engine.cache:
+                        continue
+                    img = load_image(read_bytes(ref, limits["max_bytes"]), **limits, side=REFERENCE_SIDE)
+            except (InputError, OSError, IndexError):
+                continue
+            todo.append((sha, engine.backbone.preprocess(img), ref))
+            if len(todo) >= batch:
+                self._encode(todo)
+                todo = []
+        if todo:
+            self._encode(todo)
+
+    def _encode(self, todo: list) -> None:
+        with torch.no_grad():
+            emb, tokens = self.engine.backbone.encode_images_with_tokens(torch.stack([t[1] for t in todo]))
+        for (sha, _, ref), e, t in zip(todo, emb, tokens):
+            self.engine.cache.put(sha, (e.float().cpu(), t.float().cpu()))
+            self.encoded += 1
+            try:
+                self.get(ref)  # kept for the run now, before the engine's (smaller) cache can drop it
+            except InputError:
+                pass
+    def _keep(self, key, value: tuple) -> None:
+        e, t, _ = value
+        self.kept[key] = value
+        self.bytes += e.numel() * e.element_size() + t.numel() * t.element_size()
+        while self.bytes > self.max_bytes and len(self.kept) > 1:
+            _, (e, t, _) = self.kept.popitem(last=False)
+            self.bytes -= e.numel() * e.element_size() + t.numel() * t.element_size()
+
+    def get(self, ref) -> tuple:
+        key = ref if isinstance(ref, int) else str(ref)
+        hit = self.kept.get(key)
+        if hit is not None:
+            self.kept.move_to_end(key)
+            return hit
+        from ..images import sha256_file
+
+        if isinstance(ref, int):
+            exclude = [ref]
+        else:
+            try:
+                exclude = self.by_sha.get(sha256_file(ref), [])
+            except OSError as exc:
+                raise InputError(f"reference image {Path(ref).name} cannot be read ({exc.strerror or exc})") from None
+        try:
+            _, emb, tokens, _ = self.engine.reference_features(ref if isinstance(ref, int) else str(ref))
+        except InputError as exc:
+            if isinstance(ref, int):
+                raise
+            raise InputError(f"reference image {Path(ref).name}: {exc}") from None
+        value = (emb, tokens, exclude)
+        self._keep(key, value)
+        return value
+
+
 def evaluate_triplets(engine, triplets: Iterable[Triplet], nqe: int = 8, alpha: float = 0.5,
                       methods: Optional[List[str]] = None, expansions: Optional[List[str]] = None,
-                      progress: Optional[Callable[[int], None]] = None) -> dict:
+                      progress: Optional[Callable[[int], None]] = None,
+                      on_error: Optional[Callable[[str], None]] = None, source: str = "queries") -> dict:
     """{"methods": {method: {expansion: metrics}}, "skipped": {method: reason}, ...} on the engine's gallery.
 
     ``triplets`` may be a stream (:func:`iter_queries`): queries are composed and scored a block at a time
     and only each query's first-hit rank and average precision are kept, so memory does not grow with the
-    number of queries. ``progress(n)`` is called with the number of queries each block added."""
+    number of queries. ``progress(n)`` is called with the number of queries each block added. A line whose
+    reference cannot be read is reported to ``on_error`` in one sentence naming ``source`` and the line, and
+    skipped (without ``on_error`` the InputError stops the run). Each distinct reference is decoded and
+    encoded once per run (:class:`_References`)."""
     from ..compose import Query
-    from ..images import sha256_file
 
     gallery = engine.index.vectors_f32()
     n = len(gallery)
@@ -224,18 +336,27 @@ def evaluate_triplets(engine, triplets: Iterable[Triplet], nqe: int = 8, alpha: 
     aps: Dict[tuple, list] = {(m, e): [] for m in live for e in exps}
     block = max(1, min(256, SCORE_BYTES // max(1, n * 4)))
     total = 0
+    refs = _References(engine, by_sha)
     for chunk in _chunks(triplets, block):
+        refs.prefetch(t.reference for t in chunk)
+        feats, kept = [], []
+        for t in chunk:
+            try:
+                feats.append(None if t.reference is None else refs.get(t.reference))
+                kept.append(t)
+            except InputError as exc:
+                if on_error is None:
+                    raise
+                on_error(f"{source} line {t.line}: {exc}")
+        if not kept:
+            continue
+        chunk = kept
         positives = np.zeros((len(chunk), n), dtype=bool)
         exclude = np.zeros((len(chunk), n), dtype=bool)
-        feats = []
-        for qi, t in enumerate(chunk):
+        for qi, (t, f) in enumerate(zip(chunk, feats)):
             positives[qi, t.targets] = True
-            if isinstance(t.reference, int):
-                exclude[qi, t.reference] = True
-            elif isinstance(t.reference, Path):
-                exclude[qi, by_sha.get(sha256_file(t.reference), [])] = True
-            feats.append(None if t.reference is None else engine.reference_features(
-                t.reference if isinstance(t.reference, int) else str(t.reference))[1:3])
+            if f is not None:
+                exclude[qi, f[2]] = True
         for m in list(live):
             try:
                 qvecs = []
@@ -334,7 +455,8 @@ def main(argv=None) -> int:
         with tqdm(total=lines, desc="queries", unit="line", file=sys.stderr, mininterval=1.0) as bar:
             stream = iter_queries(args.queries, engine.index, on_error=report)
             res = evaluate_triplets(engine, stream, nqe=args.nqe, alpha=args.alpha, methods=split(args.methods),
-                                    expansions=split(args.expansions), progress=bar.update)
+                                    expansions=split(args.expansions), progress=bar.update, on_error=report,
+                                    source=Path(args.queries).name)
         res["skipped_lines"] = len(bad)
         if not res["queries"]:
             raise InputError(f"{Path(args.queries).name} holds no valid queries")

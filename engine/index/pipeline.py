@@ -224,13 +224,22 @@ def repair_thumbnails(source: Path, thumbs: Path, items: List[dict], max_pixels:
                                                   max_decode_bytes=max_decode_bytes))
             except (InputError, OSError):
                 continue  # its source is gone or unreadable: the page falls back to the source image
-            atomic_write_bytes(path, data)
+            try:
+                atomic_write_bytes(path, data)
+            except OSError as exc:  # a full disk: the page shows source images for the missing thumbnails
+                log.warning("thumbnails not written (%s); the source images are shown instead",
+                            exc.strerror or exc.__class__.__name__)
+                return rebuilt
             digest = hashlib.sha256(data).hexdigest()
             rebuilt += 1
             damaged += name in sums  # recorded before, now missing or changed: a repair, not a first make
         fresh[name] = digest
     if rebuilt or fresh != sums:
-        atomic_write_text(sums_path, json.dumps(fresh, sort_keys=True))
+        try:
+            atomic_write_text(sums_path, json.dumps(fresh, sort_keys=True))
+        except OSError as exc:
+            log.warning("thumbnail checksums not written (%s); they are checked again at the next start",
+                        exc.strerror or exc.__class__.__name__)
     if damaged:
         log.warning("repaired %d damaged or missing thumbnails", damaged)
     if rebuilt - damaged:

@@ -90,6 +90,13 @@ def read_shards(folder: Path) -> Dict[str, Tuple[np.ndarray, list]]:
     for path in sorted(Path(folder).glob("shard-*.npz")):
         shard = read_shard_file(path)
         if shard is not None:
+            bad = 0
             for h, e, s in zip(shard.hashes, shard.embeddings, shard.sizes):
+                if not np.isfinite(e).all():  # a damaged row: its image is embedded again, the others are kept
+                    bad += 1
+                    continue
                 found[str(h)] = (e, [int(s[0]), int(s[1])])
+            if bad:
+                log.warning("embedding cache %s: %d rows hold NaN or infinity; those images are embedded again",
+                            path.name, bad)
     return found

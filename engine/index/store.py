@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import shutil
 import time
@@ -28,6 +29,7 @@ from .vectors import VectorIndex, create_vector_index
 from ..fileio import atomic_write_text
 
 FORMAT_VERSION = 1
+log = logging.getLogger(__name__)
 CHECKSUMS = "checksums.json"
 REBUILD = "rebuild it with `python -m engine index <images> --out <index folder>` (the app rebuilds its own)"
 
@@ -98,8 +100,34 @@ class GalleryIndex:
         return self.folder / "thumbs" / (self.items[i]["sha256"][:20] + ".jpg")
 
     def display_path(self, i: int) -> Path:
+        """The item's thumbnail when it matches the checksum recorded when it was made (each file checked once
+        per version of it), else the source image: a thumbnail overwritten on disk is never served."""
         thumb = self.thumb_path(i)
-        return thumb if thumb.exists() else self.image_path(i)
+        return thumb if self._thumb_ok(thumb) else self.image_path(i)
+
+    def _thumb_ok(self, thumb: Path) -> bool:
+        try:
+            st = thumb.stat()
+        except OSError:
+            return False
+        checked = self.__dict__.setdefault("_thumbs_checked", {})
+        key = (thumb.name, st.st_size, st.st_mtime_ns)
+        if key not in checked:
+            sums = self.__dict__.get("_thumb_sums")
+            if sums is None:
+                try:
+                    sums = json.loads((thumb.parent / "checksums.json").read_text(encoding="utf-8"))
+                except (OSError, ValueError):
+                    sums = {}
+                sums = self.__dict__["_thumb_sums"] = sums if isinstance(sums, dict) else {}
+            want = sums.get(thumb.name)
+            try:
+                checked[key] = want is None or file_checksum(thumb) == want
+            except OSError:
+                checked[key] = False
+            if not checked[key]:
+                log.warning("thumbnail %s does not match its checksum; the source image is shown instead", thumb.name)
+        return checked[key]
 
     def vectors_f32(self) -> np.ndarray:
         return self.embeddings.astype(np.float32)
@@ -183,7 +211,12 @@ class GalleryIndex:
             raise IndexLoadError(f"the index's CURRENT file at {folder} is unreadable or not UTF-8 text; "
                                  "rebuild the index") from None
         version = folder / name
-        if not name or Path(name).name != name or name in (".", "..") or not version.is_dir():
+        try:  # a name over the file system's limit (255 bytes) or holding a NUL byte is no version either
+            is_version = bool(name) and len(name.encode("utf-8")) <= 255 and "\0" not in name \
+                and Path(name).name == name and name not in (".", "..") and version.is_dir()
+        except (OSError, ValueError):
+            is_version = False
+        if not is_version:
             raise IndexLoadError(f"the index's CURRENT file at {folder} names no version of it; rebuild the index")
         if verify:
             verify_checksums(version)
