@@ -31,7 +31,11 @@ from typing import Dict, List, Optional, Sequence
 import numpy as np
 import torch
 
+from ..backbones import create_backbone
 from ..checkpoints import PARTS
+from ..compose import COMPOSERS
+from ..compose.auto import MEMBERS, choose_routes, cross_fitted_score, routed_vectors, router_of
+from ..data.features import embed_paths, embed_texts
 from ..config import Settings
 from ..data.formats import image_path, load_split
 from ..data.heldout import is_held_out, words
@@ -39,6 +43,7 @@ from ..data.rules import unit_hash
 from ..data.tone import edited_file
 from ..data.vocabulary import training_texts, training_vocabulary
 from ..defaults import engine_defaults, gallery_nqe, write_defaults
+from .cir import available_expanders, cir_composers, compose_queries, rank_queries
 from .generalise_open import open_queries
 from .hubness import hubness
 
@@ -206,7 +211,6 @@ def overall_score(by_kind: dict) -> float:
 
 def suite_tensors(backbone, suite: Suite):
     """(gallery records, embeddings, item id -> row, reference embeddings, reference paths) of one side."""
-    from ..data.features import embed_paths
 
     keys = list(suite.items)
     files = sorted({str(suite.items[k]) for k in keys})
@@ -224,7 +228,6 @@ def rank_suite(qvecs: np.ndarray, suite: Suite, gallery, gemb, pos, expander=Non
                fraction: float = 1.0, floor: float = -1.0) -> np.ndarray:
     """1-based best target rank of every query (reference left out); with ``expander``, re-ranked after
     expanding from the first ``gallery_nqe(nqe, gallery size)`` results of the query's own gallery."""
-    from .cir import rank_queries
 
     ranks = np.zeros(len(suite.queries), np.int64)
     for g, members in suite.galleries.items():
@@ -241,7 +244,6 @@ def rank_suite(qvecs: np.ndarray, suite: Suite, gallery, gemb, pos, expander=Non
 def evaluate(backbone, settings: Settings, side: str, composers: Optional[dict] = None, expanders: bool = True,
              defaults: Optional[dict] = None) -> dict:
     """Every composer (and, with ``expanders``, every expander at the page defaults) on one side."""
-    from .cir import cir_composers, compose_queries
 
     suite = build_suite(side)
     gallery, gemb, pos, ref_emb, ref_paths = suite_tensors(backbone, suite)
@@ -269,8 +271,6 @@ def evaluate(backbone, settings: Settings, side: str, composers: Optional[dict] 
 
 def operation_classes(backbone, composers: dict, queries) -> Optional[List[str]]:
     """The operation router's class of each query's text (None without an anchored composer's router)."""
-    from ..compose.auto import router_of
-    from ..data.features import embed_texts
 
     router = router_of(composers)
     if router is None:
@@ -298,7 +298,6 @@ def suite_hubness(qv: dict, suite: Suite, gemb: np.ndarray, pos: dict, k: int = 
 
 
 def _expanders(backbone, settings: Settings) -> dict:
-    from .cir import available_expanders
 
     return available_expanders(backbone, settings)
 
@@ -324,7 +323,9 @@ def choose(backbone, settings: Settings, ev: dict, expander_grid: bool = True) -
         raise ValueError("defaults are chosen on the validation side only")
     res = ev["results"]
     scores = {n: r["overall"] for (n, e), r in res.items() if e == "none" and n != "auto"}
-    textable = [n for n in scores if n != "image" and _takes_text_alone(ev, n)]
+    # the default is a method the page offers (a registered composer: RTIC+GCN is a checkpoint the evaluation and
+    # the automatic method read, not a page method)
+    textable = [n for n in scores if n != "image" and _takes_text_alone(ev, n) and n in COMPOSERS]
     best = max(textable, key=lambda n: scores[n])
     method = "sum" if "sum" in scores and scores[best] - scores["sum"] <= 0.5 else best
     auto = choose_auto(ev)
@@ -343,7 +344,6 @@ def choose(backbone, settings: Settings, ev: dict, expander_grid: bool = True) -
         # how many validation queries of the chosen method each expander moves at the kept values (the page
         # offers only those that move some): the chosen method's vectors only, so this stays a matter of minutes
         if method == "auto":
-            from ..compose.auto import routed_vectors
 
             vecs = {method: routed_vectors(ev["vectors"], ev["classes"], auto["routes"])}
         else:
@@ -370,7 +370,6 @@ def choose_auto(ev: dict) -> Optional[dict]:
     """The automatic method's route table chosen on the validation side ``ev`` (engine.compose.auto) and its
     cross-fitted overall score (routes chosen on half the reference photos, scored on the other half), or None
     without the router's classes."""
-    from ..compose.auto import MEMBERS, choose_routes, cross_fitted_score
 
     if not ev.get("classes"):
         return None
@@ -423,13 +422,13 @@ def markdown(ev: dict, backbone) -> str:
              f"galleries: {s['gallery']['category']} photos (category changes), {s['gallery']['attribute']} photos in "
              f"every version (attribute edits), {s['gallery'].get('open', 0)} in the open kinds' versions; reference left out; backbone `{backbone.fingerprint}`. Cells: "
              "R@K in % with the 95 % bootstrap interval.", "",
-             "| method | overall | " + " | ".join(f"{k} R@1 | {k} R@10" for k in KINDS) + " |",
-             "|---|---|" + "---|---|" * len(KINDS)]
+             "| method | overall | all R@10 | " + " | ".join(f"{k} R@1 | {k} R@10" for k in KINDS) + " |",
+             "|---|---|---|" + "---|---|" * len(KINDS)]
     for (name, ex), r in sorted(res.items(), key=lambda kv: (kv[0][1] != "none", kv[0][1], kv[0][0])):
         if ex != "none":
             continue
         cells = [f"{_cell(r[k], 1)} | {_cell(r[k], 10)}" if k in r else "– | –" for k in KINDS]
-        lines.append(f"| {name} | {r['overall']:.1f} | " + " | ".join(cells) + " |")
+        lines.append(f"| {name} | {r['overall']:.1f} | {_cell(r['all'], 10)} | " + " | ".join(cells) + " |")
     lines += _use_and_hub_lines(ev)
     exps = sorted({ex for (_, ex) in res if ex != "none"})
     if exps:
@@ -465,7 +464,7 @@ def _use_and_hub_lines(ev: dict) -> List[str]:
 
 def offline_section(args, ctx):
     """The ``generalise`` section of ``eval offline`` (the test side, read with the shipped defaults)."""
-    ev = evaluate(ctx["backbone"], ctx["settings"], "test")
+    ev = evaluate(ctx["backbone"], ctx["settings"], "test", expanders=not getattr(args, "no_expanders", False))
     return markdown(ev, ctx["backbone"]), {**_jsonable(ev["results"]), "hubness": ev["hubness"],
                                            "learned_use": {n: float((t >= USED).mean()) for n, t in ev["trust"].items()}}
 
@@ -489,7 +488,6 @@ def main(argv=None) -> int:
     p.add_argument("--json", default="", help="also write the figures to this JSON file")
     p.add_argument("--summary", action="store_true", help="only print the suite's counts")
     args = p.parse_args(argv)
-    from ..backbones import create_backbone
 
     settings = Settings()
     if args.summary:

@@ -150,6 +150,8 @@ def main(argv=None) -> int:
                    "cir," + ",".join(OFFLINE_SECTIONS))
     p.add_argument("--out", default=str(ROOT / "docs" / "RESULTS.md"))
     p.add_argument("--record", default="", help="also write a JSON run record here")
+    p.add_argument("--no-expanders", action="store_true", help="the generalise section without its expander table "
+                   "(every expander with every method: the longest part of the run)")
     args = p.parse_args(argv)
     sections = [s for s in args.only.split(",") if s] or ["cir", *OFFLINE_SECTIONS]
     unknown = [s for s in sections if s != "cir" and s not in OFFLINE_SECTIONS]
