@@ -113,3 +113,14 @@ def app_server(gallery_engine, launch_demo):
     demo = build_demo(gallery_engine.settings, engine=gallery_engine)
     yield launch_demo(demo, gallery_engine)
     demo.close()
+
+
+@pytest.fixture()
+def isolated(tmp_path, monkeypatch):
+    """No prepared checkpoints of this machine's cache take part; every checkpoint file is checked afresh."""
+    import engine.checkpoints as ckpts
+
+    monkeypatch.setenv("CIS_PREPARED_DIR", str(tmp_path / "prepared"))
+    ckpts._VERIFIED.clear()
+    yield tmp_path
+    ckpts._VERIFIED.clear()

@@ -6,7 +6,6 @@ import logging
 import shutil
 from pathlib import Path
 
-import pytest
 
 import engine.checkpoints as ckpts
 
@@ -16,13 +15,6 @@ SLUG = "packaged-efficientnet-lite0-all-minilm-l6-v2"
 PARTS = ["rtic", "context_i2w", "lattqe", "ics-64"]
 
 
-@pytest.fixture()
-def isolated(tmp_path, monkeypatch):
-    """No prepared checkpoints from this machine's cache take part."""
-    monkeypatch.setenv("CIS_PREPARED_DIR", str(tmp_path / "prepared"))
-    ckpts._VERIFIED.clear()
-    yield tmp_path
-    ckpts._VERIFIED.clear()
 
 
 def _engine(gallery_index_dir, packaged, checkpoints):
