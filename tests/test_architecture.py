@@ -226,6 +226,7 @@ SETTINGS_BELOW_ENTRY = {
     "engine/index/build.py": 1, "engine/index/ics_index.py": 1, "engine/index/ray_runner.py": 2,
     "engine/index/vectors.py": 1, "engine/prepare.py": 1, "engine/search.py": 2, "engine/service.py": 2,
     "engine/train/lattqe/loop.py": 1, "demo/api.py": 1, "demo/ui.py": 1,
+    "engine/images.py": 1,  # the process-wide decode budget, sized once on first use (#35)
 }
 ENTRY_FUNCTIONS = {"main", "_parser", "_settings"}
 

@@ -99,7 +99,7 @@ def test_overlong_text_is_truncated_with_a_notice(tiny):
 
 
 def test_auto_falls_back_offline_fast(monkeypatch):
-    from engine.backbones import factory, openclip
+    from engine.backbones import factory, openclip  # noqa: F401
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     assert openclip.hub_reachable(timeout=30) is False  # answers at once, without trying the network
@@ -113,13 +113,13 @@ def test_auto_waits_as_long_as_settings_say_and_leaves_the_process_environment_a
     the whole process to HF_HUB_OFFLINE."""
     import os
 
-    from engine.backbones import factory, openclip
+    from engine.backbones import factory, openclip  # noqa: F401
     from engine.config import Settings
 
     waited = []
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
-    monkeypatch.setattr(openclip, "pretrained_cached", lambda arch, tag: False)
-    monkeypatch.setattr(openclip, "hub_reachable", lambda timeout: waited.append(timeout) or False)
+    monkeypatch.setattr(factory, "pretrained_cached", lambda arch, tag: False)
+    monkeypatch.setattr(factory, "hub_reachable", lambda timeout: waited.append(timeout) or False)
     monkeypatch.setenv("CIS_AUTO_TIMEOUT_S", "0.25")
     s = Settings()
     monkeypatch.setenv("CIS_AUTO_TIMEOUT_S", "9")  # read once: a later change does not reach this Settings

@@ -203,8 +203,8 @@ def test_restore_from_link_and_history_rerun(gallery_engine):
     assert isinstance(out, h.Restored)  # every page output by name (demo/ui.py wires them by these names)
     assert out.image == str(gallery_engine.index.image_path(7)) and out.text == "the same but red"
     assert (out.method, out.alpha, out.k, out.lattqe_on, out.expander, out.nqe) == ("sum", 0.3, 5, False, "aqe", 16)
-    direct = search(gallery_engine, image=7, text="the same but red", alpha=0.3, k=5, expand="aqe", nqe=16,
-                    exclude_reference=True)  # as the page does by default
+    direct = search(gallery_engine, image=7, text="the same but red", method="sum", alpha=0.3, k=5, expand="aqe",
+                    nqe=16, exclude_reference=True)  # as the page does by default
     ids = [r.id for r in direct.results]
     assert out.ids == ids and json.loads(out.raw)["results"] == out.last["results"]
     assert "Why each result" in out.explanation and out.compare_out == ""

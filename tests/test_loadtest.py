@@ -88,13 +88,13 @@ def test_a_full_queue_answers_busy_and_the_server_recovers(gallery_engine, launc
     from demo.ui import build_demo
     from engine.config import Settings
 
-    real_search = h.search
+    real_search = h.run_request
 
     def slow_search(*args, **kwargs):
         time.sleep(1.5)
         return real_search(*args, **kwargs)
 
-    monkeypatch.setattr(h, "search", slow_search)
+    monkeypatch.setattr(h, "run_request", slow_search)
     monkeypatch.setenv("CIS_QUEUE_MAX", "1")
     demo = build_demo(Settings(), engine=gallery_engine)  # CIS_QUEUE_MAX reaches the page through Settings
     url = launch_demo(demo, gallery_engine) + "/"
