@@ -8,6 +8,8 @@ the only folders files are served from, the page's CSS and head, and plain error
 """
 from __future__ import annotations
 
+import logging
+import sys
 from typing import Optional
 
 from engine.config import Settings
@@ -16,6 +18,20 @@ from engine.sysinfo import free_port
 
 from .api import api_middleware, api_routes
 from .ui import CSS, HEAD, allowed_paths
+
+
+def show_engine_log(level: int = logging.INFO) -> None:
+    """The app's console shows what the engine and the page say (the one "first start" line, a repair, a
+    warning) as ``INFO message`` lines on stderr; other libraries keep Python's default (warnings only), so
+    each HTTP request is not a line. Calling it again adds nothing."""
+    for name in ("engine", "demo"):
+        logger = logging.getLogger(name)
+        logger.setLevel(level)
+        if not any(getattr(h, "_cis_console", False) for h in logger.handlers):
+            handler = logging.StreamHandler(sys.stderr)
+            handler.setFormatter(logging.Formatter("%(levelname)s %(message)s"))
+            handler._cis_console = True  # type: ignore[attr-defined]
+            logger.addHandler(handler)
 
 
 def launch_options(engine: SearchEngine, settings: Optional[Settings] = None, *, host: Optional[str] = None,

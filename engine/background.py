@@ -59,7 +59,7 @@ def refresh(engine) -> list:
             unavailable.pop(name, None)
             new.append(name)
 
-    retry(engine.composers, engine.unavailable, lambda n: COMPOSERS.get(n)(bb, checkpoint_dir=ckpt),
+    retry(engine.composers, engine.unavailable, lambda n: COMPOSERS.create(n, bb, checkpoint_dir=ckpt, loaded=engine.composers),
           ComposerUnavailable)
     retry(engine.expanders, engine.expanders_unavailable,
           lambda n: EXPANDERS.get(n)(embed_dim=bb.embed_dim, checkpoint_dir=ckpt, fingerprint=bb.fingerprint),

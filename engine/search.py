@@ -152,7 +152,8 @@ class SearchEngine:
         for name in COMPOSERS:
             with refusals() as refused:
                 try:
-                    self.composers[name] = COMPOSERS.get(name)(backbone, checkpoint_dir=ckpt)
+                    self.composers[name] = COMPOSERS.create(name, backbone, checkpoint_dir=ckpt,
+                                                              loaded=self.composers)
                 except (ComposerUnavailable, CheckpointError) as exc:
                     self.unavailable[name] = _unavailable_reason(exc, refused)
                 except Exception as exc:  # noqa: BLE001 - a damaged file never stops the start: one line, part off

@@ -102,24 +102,29 @@ VECTOR_MIN_COSINE = 0.95  # below this a stored vector is not its image's (float
 def vectors_problem(engine: SearchEngine, sample: int = VECTOR_SAMPLE) -> Optional[str]:
     """None when a sample of the index's items, embedded again from their images, match their stored vectors;
     else which item did not (what a prebuilt or cached file with its rows reordered would give). Items whose
-    image cannot be read are not sampled; an index with database-side augmentation is not checked."""
-
-
+    image cannot be read are not sampled; an index with database-side augmentation is not checked. The sample is
+    embedded in one batch (one forward pass, not one per item: a start's second most costly step after imports)."""
     index = engine.index
     n = len(index)
     if not n or index.meta.get("dba"):
         return None
     ids = sorted({0, n - 1, n // 3, (2 * n) // 3})[:max(1, sample)]
+    limits = {**decode_limits(engine.settings), "max_bytes": DEFAULT_MAX_BYTES}
+    read, pixels = [], []
     for i in ids:
         try:
-            img = load_image(index.image_path(i), **{**decode_limits(engine.settings), "max_bytes": DEFAULT_MAX_BYTES})
+            pixels.append(engine.backbone.preprocess(load_image(index.image_path(i), **limits)))
         except (InputError, OSError):
             continue
-        with torch.no_grad():
-            emb = engine.backbone.encode_images(engine.backbone.preprocess(img).unsqueeze(0))
-        emb = np.asarray(emb[0].float().cpu().numpy() if hasattr(emb, "float") else emb[0], dtype=np.float32)
+        read.append(i)
+    if not read:
+        return None
+    with torch.no_grad():
+        emb = engine.backbone.encode_images(torch.stack(pixels))
+    emb = np.asarray(emb.float().cpu().numpy() if hasattr(emb, "float") else emb, dtype=np.float32)
+    for row, i in zip(emb, read):
         stored = index.embeddings[i].astype(np.float32)
-        cos = float(emb @ stored / max(1e-12, float(np.linalg.norm(emb) * np.linalg.norm(stored))))
+        cos = float(row @ stored / max(1e-12, float(np.linalg.norm(row) * np.linalg.norm(stored))))
         if not cos >= VECTOR_MIN_COSINE:
             return f"item {i}, {index.items[i]['path']}: cosine {cos:.2f} to its own image"
     return None

@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """Seconds from `python app.py` to the page answering, with an empty cache (a fresh CIS_CACHE_DIR): what a
-new user waits on the first start. Usage: ``python tools/first_start.py [--runs 2]`` (extra environment, such
-as CIS_BACKBONE, passes through to the app)."""
+new user waits on the first start. Usage: ``python tools/first_start.py [--runs 2] [--log DIR]`` (extra
+environment, such as CIS_BACKBONE or a fresh XDG_CACHE_HOME for a machine without the open_clip weights, passes
+through to the app). Each figure is printed with the machine's 1-minute load average when the run ended (other
+work on the cores slows a start); ``--log DIR`` keeps each run's log (what a first start says) as DIR/run-N.log."""
 from __future__ import annotations
 
 import argparse
@@ -13,6 +15,7 @@ import tempfile
 import time
 import urllib.request
 from pathlib import Path
+from typing import Optional
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -23,13 +26,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def one_start(timeout: float = 600.0) -> float:
-    with tempfile.TemporaryDirectory(prefix="cis-first-start-") as cache:
+def one_start(timeout: float = 600.0, log: Optional[Path] = None) -> float:
+    with tempfile.TemporaryDirectory(prefix="cis-first-start-") as cache, \
+            (open(log, "wb") if log else open(os.devnull, "wb")) as out:
         port = free_port()
         env = {**os.environ, "CIS_CACHE_DIR": cache, "GRADIO_SERVER_PORT": str(port)}
         t0 = time.perf_counter()
-        proc = subprocess.Popen([sys.executable, "app.py"], cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL)
+        proc = subprocess.Popen([sys.executable, "app.py"], cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
         try:
             while time.perf_counter() - t0 < timeout:
                 if proc.poll() is not None:
@@ -49,9 +52,15 @@ def one_start(timeout: float = 600.0) -> float:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--runs", type=int, default=2)
+    ap.add_argument("--log", type=Path, default=None, help="folder for each run's log (run-N.log)")
     args = ap.parse_args()
-    times = [one_start() for _ in range(args.runs)]
-    print("first start (empty cache) to the page answering: " + ", ".join(f"{t:.1f} s" for t in times))
+    if args.log:
+        args.log.mkdir(parents=True, exist_ok=True)
+    figures = []
+    for n in range(1, args.runs + 1):
+        t = one_start(log=args.log / f"run-{n}.log" if args.log else None)
+        figures.append(f"{t:.1f} s (load {os.getloadavg()[0]:.1f})")
+    print("first start (empty cache) to the page answering: " + ", ".join(figures))
     return 0
 
 

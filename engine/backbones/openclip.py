@@ -72,14 +72,24 @@ def hub_reachable(timeout: float = 2.0) -> bool:
         return False
 
 
-def pretrained_cached(arch: str, tag: str) -> bool:
-    """True when the weights for (arch, tag) are already in the local hub cache."""
+# open_clip's hub repository of the default weights, so the ``auto`` backbone's "is it cached?" look-up at every
+# start need not import open_clip (about 4 s on 2 cores) only to find that it is not (a test checks it against
+# open_clip's own table)
+DEFAULT_HUB_ID = "laion/CLIP-ViT-B-32-laion2B-s34B-b79K/"
+
+
+def pretrained_hub_id(arch: str, tag: str) -> str:
+    """The model-hub repository open_clip downloads (arch, tag) from ("" when none)."""
+    if (arch, tag) == (DEFAULT_ARCH, DEFAULT_TAG):
+        return DEFAULT_HUB_ID
     from open_clip.pretrained import get_pretrained_cfg
 
-    cfg = get_pretrained_cfg(arch, tag)
-    if not cfg:
-        return False
-    hub_id = cfg.get("hf_hub", "")
+    return (get_pretrained_cfg(arch, tag) or {}).get("hf_hub", "")
+
+
+def pretrained_cached(arch: str, tag: str) -> bool:
+    """True when the weights for (arch, tag) are already in the local hub cache."""
+    hub_id = pretrained_hub_id(arch, tag)
     if hub_id:
         from huggingface_hub import try_to_load_from_cache
 

@@ -12,7 +12,7 @@ without a text has no operation to route and is composed by the weighted sum.
 """
 from __future__ import annotations
 
-from typing import Dict, List, Sequence
+from typing import Dict, List, Mapping, Optional, Sequence
 from zlib import crc32
 
 import numpy as np
@@ -149,32 +149,40 @@ def router_of(members: Dict[str, Composer]):
     return None
 
 
-def load_members(backbone, checkpoint_dir, names: Sequence[str]) -> Dict[str, Composer]:
-    """{name: composer} of the routed ``names`` (the RTIC+GCN checkpoint is a variant of ``rtic``)."""
+def load_members(backbone, checkpoint_dir, names: Sequence[str],
+                 loaded: Optional[Mapping[str, Composer]] = None) -> Dict[str, Composer]:
+    """{name: composer} of the routed ``names`` (the RTIC+GCN checkpoint is a variant of ``rtic``); a member in
+    ``loaded`` on the same backbone is that one (a composer holds no gallery state), not a second copy."""
     out: Dict[str, Composer] = {}
     for n in names:
+        have = (loaded or {}).get(n)
+        if have is not None and have.backbone is backbone:
+            out[n] = have
+            continue
         out[n] = (load_rtic_composer(backbone, checkpoint_dir, variant="rtic+gcn") if n == "rtic+gcn"
                   else COMPOSERS.get(n)(backbone, checkpoint_dir=checkpoint_dir))
     return out
 
 
-def load_auto(backbone, checkpoint_dir=None) -> AutoComposer:
-    """The automatic method for ``backbone``: the route table of its defaults record and the routed methods;
-    ComposerUnavailable (one sentence) without a record that has routes."""
+def load_auto(backbone, checkpoint_dir=None, loaded: Optional[Mapping[str, Composer]] = None) -> AutoComposer:
+    """The automatic method for ``backbone``: the route table of its defaults record and the routed methods
+    (those in ``loaded``, the composers the engine has made already, are reused); ComposerUnavailable (one
+    sentence) without a record that has routes."""
     d = engine_defaults(backbone, checkpoint_dir=checkpoint_dir)
     routes = d.evidence.get("routes") if isinstance(d.evidence.get("routes"), dict) else None
     if not routes or not all(isinstance(v, str) and v in MEMBERS for v in routes.values()):
         raise ComposerUnavailable("the automatic method needs a route table for this backbone; choose one with "
                                   "python -m engine eval generalise --side val --choose")
     names: List[str] = sorted(set(routes.values()) | {"sum"})
-    members = load_members(backbone, checkpoint_dir, names)
-    router = router_of(members) or router_of(load_members(backbone, checkpoint_dir, ["rtic"]))
+    members = load_members(backbone, checkpoint_dir, names, loaded)
+    router = router_of(members) or router_of(load_members(backbone, checkpoint_dir, ["rtic"], loaded))
     if router is None:
         raise ComposerUnavailable("the automatic method needs the operation router of an anchored composer")
     return AutoComposer(backbone, members, router, routes)
 
 
-COMPOSERS.register("auto")(lambda backbone, checkpoint_dir=None: load_auto(backbone, checkpoint_dir))
+COMPOSERS.register("auto", reuses_loaded=True)(
+    lambda backbone, checkpoint_dir=None, loaded=None: load_auto(backbone, checkpoint_dir, loaded))
 
 
 def says(auto: dict) -> str:
