@@ -4,6 +4,7 @@ caption readable without covering pictures, technical details wait in "About thi
 Download box appears only with a file."""
 from __future__ import annotations
 
+import os
 import re
 
 from pathlib import Path
@@ -16,6 +17,22 @@ import pageops as ui
 pytestmark = pytest.mark.browser
 ROOT = Path(__file__).resolve().parents[2]
 GALLERY = ROOT / "assets" / "gallery"
+DOC_IMAGES = os.environ.get("CIS_WRITE_DOC_IMAGES") == "1"  # write docs/img/example.png from this run
+
+
+def _doc_image(page, path: Path, top: str, bottom: str) -> None:
+    """The page from element ``top`` down to element ``bottom`` as a small palette PNG (docs/demo.md)."""
+    import io
+
+    from PIL import Image
+
+    y0 = page.locator(top).bounding_box()["y"] - 8
+    end = page.locator(bottom).bounding_box()
+    width = page.evaluate("() => document.documentElement.clientWidth")
+    png = page.screenshot(full_page=True, clip={"x": 0, "y": y0, "width": width,
+                                                "height": end["y"] + end["height"] + 16 - y0})
+    img = Image.open(io.BytesIO(png)).convert("RGB")
+    img.quantize(colors=256, method=Image.Quantize.MEDIANCUT, dither=Image.Dither.NONE).save(path, optimize=True)
 
 # For each result picture: the share of its height, from the top, in which any point must show the picture
 # itself (elementsFromPoint): something drawn over it may take at most its bottom 25 %.
@@ -111,6 +128,8 @@ def test_example_click_runs_a_search_and_download_appears_with_a_file(served_dem
     page.wait_for_selector("#history tbody tr")  # the rest of the search's chain: history, share link
     assert text in page.locator("#history").inner_text()
     shot(page, "example-ran")
+    if DOC_IMAGES:  # an example's results, as a newcomer sees them after one click (docs/demo.md)
+        _doc_image(page, ROOT / "docs" / "img" / "example.png", "#examples", "#results")
 
     # the Download box appears with the exported file
     page.click("#export-json")
