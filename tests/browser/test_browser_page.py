@@ -26,11 +26,12 @@ def _doc_image(page, path: Path, top: str, bottom: str) -> None:
 
     from PIL import Image
 
-    y0 = page.locator(top).bounding_box()["y"] - 8
+    scrolled = page.evaluate("() => window.scrollY")  # boxes are read in the viewport, the clip in the page
+    y0 = scrolled + page.locator(top).bounding_box()["y"] - 8
     end = page.locator(bottom).bounding_box()
     width = page.evaluate("() => document.documentElement.clientWidth")
     png = page.screenshot(full_page=True, clip={"x": 0, "y": y0, "width": width,
-                                                "height": end["y"] + end["height"] + 16 - y0})
+                                                "height": scrolled + end["y"] + end["height"] + 16 - y0})
     img = Image.open(io.BytesIO(png)).convert("RGB")
     img.quantize(colors=256, method=Image.Quantize.MEDIANCUT, dither=Image.Dither.NONE).save(path, optimize=True)
 
