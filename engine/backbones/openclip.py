@@ -73,7 +73,7 @@ def hub_reachable(timeout: float = 2.0) -> bool:
 
 
 # open_clip's hub repository of the default weights, so the ``auto`` backbone's "is it cached?" look-up at every
-# start need not import open_clip (about 4 s on 2 cores) only to find that it is not (a test checks it against
+# start need not import open_clip (most of a second) only to find that it is not (a test checks it against
 # open_clip's own table)
 DEFAULT_HUB_ID = "laion/CLIP-ViT-B-32-laion2B-s34B-b79K/"
 
