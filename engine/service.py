@@ -103,7 +103,7 @@ def vectors_problem(engine: SearchEngine, sample: int = VECTOR_SAMPLE) -> Option
     """None when a sample of the index's items, embedded again from their images, match their stored vectors;
     else which item did not (what a prebuilt or cached file with its rows reordered would give). Items whose
     image cannot be read are not sampled; an index with database-side augmentation is not checked. The sample is
-    embedded in one batch (one forward pass, not one per item: a start's second most costly step after imports)."""
+    embedded in one batch (one forward pass, not one per item)."""
     index = engine.index
     n = len(index)
     if not n or index.meta.get("dba"):
