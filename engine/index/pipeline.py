@@ -224,8 +224,8 @@ def repair_thumbnails(source: Path, thumbs: Path, items: List[dict], max_pixels:
                                                   max_decode_bytes=max_decode_bytes))
             except (InputError, OSError):
                 continue  # its source is gone or unreadable: the page falls back to the source image
-            try:
-                atomic_write_bytes(path, data)
+            try:  # not flushed one by one (399 files on a first start): each is checked against its checksum above
+                atomic_write_bytes(path, data, durable=False)
             except OSError as exc:  # a full disk: the page shows source images for the missing thumbnails
                 log.warning("thumbnails not written (%s); the source images are shown instead",
                             exc.strerror or exc.__class__.__name__)
