@@ -24,7 +24,7 @@ from .index.ics_index import available_ics_types
 from .index.pipeline import repair_thumbnails
 from .index.shards import cache_folder
 from .images import DEFAULT_MAX_BYTES, decode_limits, load_image
-from .index.walk import find_images
+from .index.walk import find_images, load_captions
 from .prebuilt import seed_index
 from .search import SearchEngine, open_engine
 
@@ -150,13 +150,20 @@ def check_thumbnails(engine: SearchEngine) -> int:
 
 def gallery_changes(gallery, index) -> str:
     """An empty string when the index lists exactly the photos of the ``gallery`` folder (skipped files counted as listed),
-    else what differs ("3 photos added, 136 removed"): a gallery updated under a cached index (a new version of
-    the bundled one, photos added by hand) is indexed again, incrementally, instead of serving removed photos."""
-    listed = set(find_images(Path(gallery)))
+    with their current captions, else what differs ("3 photos added, 136 removed, 2 captions changed"): a gallery
+    updated under a cached index (a new version of the bundled one, photos added by hand, captions reworded) is
+    indexed again, incrementally (nothing is embedded for a caption), instead of serving removed photos or old
+    captions."""
+    found = find_images(Path(gallery))
+    listed = set(found)
     indexed = {str(it["path"]) for it in index.items}
     skipped = {str(s.get("path")) for s in index.meta.get("skipped", []) if isinstance(s, dict)}
     added, removed = listed - indexed - skipped, indexed - listed
-    parts = [f"{len(added)} photos added"] * bool(added) + [f"{len(removed)} removed"] * bool(removed)
+    captions = load_captions(Path(gallery), found)
+    recaptioned = sum(1 for it in index.items if str(it["path"]) in listed
+                      and captions.get(str(it["path"]), "") != it.get("caption", ""))
+    parts = ([f"{len(added)} photos added"] * bool(added) + [f"{len(removed)} removed"] * bool(removed)
+             + [f"{recaptioned} captions changed"] * bool(recaptioned))
     return ", ".join(parts)
 
 

@@ -62,3 +62,39 @@ def test_a_gallery_changed_under_its_cached_index_is_indexed_again(tmp_path, mon
     with caplog.at_level(logging.INFO):
         _open_default_engine(settings)
     assert _engine_lines(caplog) == []
+
+
+def test_captions_reworded_under_a_cached_index_are_served_after_the_next_start(tmp_path, monkeypatch, caplog):
+    """A new version of the gallery whose photos are the same but whose captions.json is reworded (the derived
+    photos' captions in #33): the next start serves the new captions, says why it updated the index, and embeds
+    nothing; a start after that says nothing."""
+    import json
+
+    from PIL import Image
+
+    from engine.config import Settings
+    from engine.service import _open_default_engine
+
+    gallery = tmp_path / "gallery"
+    gallery.mkdir()
+    for i, colour in enumerate(("red", "green")):
+        Image.new("RGB", (64, 48), colour).save(gallery / f"p{i}.png")
+    (gallery / "captions.json").write_text(json.dumps({"p0.png": "a red square (derived from p9 by f(rgb))",
+                                                       "p1.png": "a green square"}), encoding="utf-8")
+    monkeypatch.setenv("CIS_CACHE_DIR", str(tmp_path / "cache"))
+    settings = Settings()
+    settings.backbone, settings.device, settings.gallery = "tiny:tiny-vit-a", "cpu", str(gallery)
+    _open_default_engine(settings)
+    (gallery / "captions.json").write_text(json.dumps({"p0.png": "a red square (a darkened version)",
+                                                       "p1.png": "a green square"}), encoding="utf-8")
+    with caplog.at_level(logging.DEBUG):
+        again = _open_default_engine(settings)
+    assert {it["path"]: it.get("caption") for it in again.index.items} == {
+        "p0.png": "a red square (a darkened version)", "p1.png": "a green square"}
+    lines = _engine_lines(caplog)
+    assert any("(1 captions changed)" in m for m in lines), lines
+    assert any("2 cached, 0 to embed" in r.getMessage() for r in caplog.records), "a caption must not re-embed"
+    caplog.clear()
+    with caplog.at_level(logging.INFO):
+        _open_default_engine(settings)
+    assert _engine_lines(caplog) == []

@@ -639,7 +639,7 @@ def refresh(out: Path) -> Dict[str, str]:
     long side (unless an addition replaces it under the same name with a larger photo of the same subject), adds
     ``ADDITIONS`` and ``DERIVED``, and adds the colour and black-and-white labels. Returns {path: what happened}."""
     from tools.gallery_additions import (ADDITIONS, COLOUR_LABELS, DERIVED, EDIT_WORDS, KIND_LABELS, MIN_SIDE,
-                                         REAL_BLACK_AND_WHITE)
+                                         REAL_BLACK_AND_WHITE, derived_caption)
 
     attribution = out.parent / "ATTRIBUTION"
     rows = {row[0]: row for row in read_attribution(attribution)}
@@ -679,11 +679,11 @@ def refresh(out: Path) -> Dict[str, str]:
     for rel, base, kind in DERIVED:
         if base not in captions:
             raise SystemExit(f"{rel}: its base photo {base} is not in the gallery")
-        phrase, label, base_label = EDIT_WORDS[kind]
+        _, label, base_label = EDIT_WORDS[kind]
         data, size = derive_jpeg(out / base, kind)
         (out / rel).write_bytes(data)
         how = f"derived from {base} by engine.data.tone.photo_edit(rgb, {kind!r})"
-        captions[rel] = f"{captions[base]} {phrase} ({how})"
+        captions[rel] = derived_caption(captions[base], kind)   # plain words; ``how`` goes to the attribution
         # a black-and-white version has no colour: the base's colour labels do not carry over
         dropped = {"day", "colour"} | (colour_words if kind == "bw" else set())
         labels[rel] = _dedupe([lab for lab in labels[base] if lab not in dropped] + [label])

@@ -11,8 +11,9 @@ path already exists). The edits the demo page advertises need right answers, so 
 - colour and black and white: black-and-white versions made the same way (``photo_edit(rgb, "bw")``), and the
   grey-scale photos scikit-image ships (the photographer, the coins).
 
-A derived image is labelled ``night`` or ``black and white`` and says in its caption and in ``assets/ATTRIBUTION``
-which gallery photo it was made from and by which function; its base photo gets the label ``day`` or ``colour``.
+A derived image is labelled ``night`` or ``black and white``; its caption says in plain words that it is a darkened
+or black-and-white version of another photo (``derived_caption``), and ``assets/ATTRIBUTION`` says which gallery photo
+it was made from and by which function. Its base photo gets the label ``day`` or ``colour``.
 """
 from __future__ import annotations
 
@@ -221,6 +222,15 @@ DERIVED = [
         "vehicles/indycar", "plants/anemone-red", "animals/red-panda")],
 ]
 EDIT_WORDS = {"night": ("at night", "night", "day"), "bw": ("in black and white", "black and white", "colour")}
+# what a derived photo's caption says about how it was made, in a visitor's words; the file and the function that
+# made it are in assets/ATTRIBUTION, not in the caption the page shows
+DERIVED_NOTES = {"night": "a darkened version of the daytime photo", "bw": "made from the colour photo"}
+
+
+def derived_caption(base_caption: str, kind: str) -> str:
+    """The caption of the ``kind`` edit of a photo captioned ``base_caption``: "the Colosseum at night (a darkened
+    version of the daytime photo)"."""
+    return f"{base_caption} {EDIT_WORDS[kind][0]} ({DERIVED_NOTES[kind]})"
 
 # colour names of the photos whose object has one clear colour, and "<colour> <thing>" for the colour variants
 COLOUR_LABELS = {

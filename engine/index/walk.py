@@ -41,4 +41,5 @@ def load_captions(root: Path, rel_paths: List[str]) -> Dict[str, str]:
         side = (root / rel).with_suffix(".txt")
         if side.is_file() and side.stat().st_size < 10_000:
             caps[rel] = side.read_text(encoding="utf-8", errors="replace").strip()
-    return {k: v for k, v in caps.items() if k in set(rel_paths)}
+    wanted = set(rel_paths)
+    return {k: v for k, v in caps.items() if k in wanted}
