@@ -8,6 +8,8 @@ answer everywhere. Without a record for the live backbone the weighted sum is th
 uses :data:`FALLBACK_NQE`; either way nQE is capped at a fraction of the gallery (``gallery_nqe``). Each
 expander also has a *floor*: only neighbours at least that close (cosine) to the query are averaged in; with
 none that close the query is kept, so expansion never averages a composed query into unrelated images.
+Each method also has a *hub weight* (``hub_weight``, ``engine.index.hubs``): how strongly items that sit close
+to many others are pulled down before ranking (0, the fallback: not at all).
 """
 from __future__ import annotations
 
@@ -38,6 +40,11 @@ class EngineDefaults:
     source: str = ""          # the record's file name, "" for the fallback
     evidence: dict = field(default_factory=dict)
     floor: Dict[str, float] = field(default_factory=dict)
+    hub: Dict[str, float] = field(default_factory=dict)
+
+    def hub_weight_for(self, method: str) -> float:
+        """The hub correction's weight for ``method`` (engine.index.hubs); 0 without a chosen one."""
+        return float(self.hub.get(method, 0.0))
 
     def offers(self, expander: str) -> bool:
         """Whether the page offers ``expander`` for this backbone: not when validation showed it moves no
@@ -109,9 +116,12 @@ def _checked(rec: dict, name: str) -> EngineDefaults:
     """A record's values, each checked (ValueError with one sentence): a method name, nQE integers of at least
     1, floors in [-1, 1], a fraction in (0, 1]; a damaged record is ignored rather than served."""
 
-    nqe, floor = rec.get("nqe") or {}, rec.get("floor") or {}
-    if not isinstance(nqe, dict) or not isinstance(floor, dict):
-        raise ValueError("nqe and floor must be objects of expander: value")
+    nqe, floor, hub = rec.get("nqe") or {}, rec.get("floor") or {}, rec.get("hub_weight") or {}
+    if not isinstance(nqe, dict) or not isinstance(floor, dict) or not isinstance(hub, dict):
+        raise ValueError("nqe, floor and hub_weight must be objects of name: value")
+    for k, v in hub.items():
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0.0 <= v <= 1.0:
+            raise ValueError(f"hub_weight of {k!r} is {v!r}, not a number from 0 to 1")
     for k, v in nqe.items():
         if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= 1_000_000:
             raise ValueError(f"nqe of {k!r} is {v!r}, not an integer from 1 to 1000000")
@@ -126,7 +136,7 @@ def _checked(rec: dict, name: str) -> EngineDefaults:
     if not isinstance(method, str) or not method:
         raise ValueError(f"method is {method!r}, not a method name")
     return EngineDefaults(method, {str(k): int(v) for k, v in nqe.items()}, float(fraction), name, rec,
-                          {str(k): float(v) for k, v in floor.items()})
+                          {str(k): float(v) for k, v in floor.items()}, {str(k): float(v) for k, v in hub.items()})
 
 
 def write_defaults(backbone, chosen: dict, out_dir: Optional[Path] = None, command: str = "") -> Path:

@@ -312,14 +312,19 @@ def search(
     # and, in the same pass, the ranking without expansion that the display compares against
     nq = max(1, min(nqe or engine.defaults.gallery_nqe(expand, n), n))
     n1 = min(n, max(nq, k + extra)) if expand != "none" else min(n, k + extra)
+    # items close to many others (hubs) are pulled down by the method's chosen weight (engine.index.hubs)
+    hub = engine.defaults.hub_weight_for(method)
     t = time.perf_counter()
-    s1, i1 = engine.index.search(qvec[None], n1)
+    s1, i1 = engine.index.search(qvec[None], n1, hub_weight=hub)
     timings["search"] = (time.perf_counter() - t) * 1e3
     explanation: Dict[str, Any] = {"composer": comp.explanation}
+    if hub and engine.index.hub_density() is not None:
+        explanation["hubs"] = {"weight": hub, "says": "scores are cosines less a penalty for pictures close to "
+                                                      "many others in this gallery"}
     scores, ids, first_rank = s1, i1, {}
     if expand != "none":
         qvec, scores, ids, first_rank, explanation["expansion"] = _expand(
-            engine, expand, qvec, s1, i1, nq, k + extra, extra, ref, timings)
+            engine, expand, qvec, s1, i1, nq, k + extra, extra, ref, timings, hub)
     results = _collect(engine, scores[0], ids[0], k, extra, ref, first_rank if expand != "none" else None)
     if explain:
         _explain(engine, results, query, qvec)
@@ -385,7 +390,8 @@ def _compose(engine: SearchEngine, image, text, negative_text, alpha, method, ti
     return query, comp, (ref_id, ref_hash)
 
 
-def _expand(engine: SearchEngine, expand: str, qvec, s1, i1, nq: int, n_out: int, extra: int, ref, timings):
+def _expand(engine: SearchEngine, expand: str, qvec, s1, i1, nq: int, n_out: int, extra: int, ref, timings,
+            hub: float = 0.0):
     """(query vector, scores, ids, rank before expansion by id, the expansion's explanation) after expanding
     from the first-stage neighbours at least as close as the expander's floor (none: the query is kept)."""
     n = len(engine.index)
@@ -410,7 +416,7 @@ def _expand(engine: SearchEngine, expand: str, qvec, s1, i1, nq: int, n_out: int
         scores, ids = s1[:, :min(n, n_out)], i1[:, :min(n, n_out)]
     else:
         qvec = new_vec
-        scores, ids = engine.index.search(qvec[None], min(n, n_out))
+        scores, ids = engine.index.search(qvec[None], min(n, n_out), hub_weight=hub)
     top = [j for j in np.argsort(-np.abs(weights))[:10] if abs(weights[j]) > 1e-6]
     explanation = {
         "method": expand,

@@ -213,7 +213,7 @@ def test_an_expander_that_moves_no_validation_answer_is_not_offered(tmp_path, ti
 
     calls = []
 
-    def fake_rank(v, suite, gallery, gemb, pos, expander=None, nqe=0, fraction=1.0, floor=-1.0):
+    def fake_rank(v, suite, gallery, gemb, pos, expander=None, nqe=0, fraction=1.0, floor=-1.0, hub=0.0, density=None):
         calls.append(expander)
         base = np.arange(1, len(v) + 1)
         return base + 1 if expander == "moves" else base

@@ -107,9 +107,9 @@ def test_first_stage_search_runs_once_with_expansion(gallery_engine, monkeypatch
     calls = []
     real = eng.index.search
 
-    def counting(q, k):
+    def counting(q, k, hub_weight=0.0):
         calls.append(int(k))
-        return real(q, k)
+        return real(q, k, hub_weight=hub_weight)
 
     monkeypatch.setattr(eng.index, "search", counting)
     resp = search(eng, image=3, text="a red one", method="sum", alpha=0.5, k=5, expand="aqe", nqe=16)

@@ -83,7 +83,7 @@ def routed_vectors(vectors: Dict[str, np.ndarray], classes: Sequence[str], route
     return out
 
 
-def _score(ranks: np.ndarray, kinds: np.ndarray) -> float:
+def overall_of_ranks(ranks: np.ndarray, kinds: np.ndarray) -> float:
     """The suite's overall score: the mean over kinds of (R@1 + R@10) / 2 (engine.eval.generalise)."""
     vals = [((ranks[kinds == k] <= 1).mean() + (ranks[kinds == k] <= 10).mean()) * 50.0 for k in np.unique(kinds)]
     return float(np.mean(vals)) if vals else float("nan")
@@ -103,7 +103,7 @@ def choose_routes(ranks: Dict[str, np.ndarray], classes: Sequence[str], kinds: n
         r = np.empty(len(classes), dtype=np.int64)
         for m in {*pick.tolist()}:
             r[pick == m] = ranks[m][pick == m]
-        return _score(r, kinds)
+        return overall_of_ranks(r, kinds)
 
     best = score(routes)
     for _ in range(passes):
@@ -137,7 +137,7 @@ def cross_fitted_score(ranks: Dict[str, np.ndarray], classes: Sequence[str], kin
         idx = np.flatnonzero(apply_to)
         for m in set(pick.tolist()):
             out[idx[pick == m]] = ranks[m][idx[pick == m]]
-    return _score(out, kinds)
+    return overall_of_ranks(out, kinds)
 
 
 def router_of(members: Dict[str, Composer]):

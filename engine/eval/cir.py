@@ -22,6 +22,7 @@ from ..data.features import embed_paths
 from ..data.formats import image_path, load_split
 from ..expand import EXPANDERS, ExpanderUnavailable
 from ..images import load_image
+from ..index import hubs
 from .metrics import first_hit_ranks, recall_from_ranks
 
 KS = (1, 5, 10, 50)
@@ -92,7 +93,8 @@ def compose_queries(backbone, composers: dict, queries, ref_emb: torch.Tensor,
 
 
 def rank_queries(qvecs: np.ndarray, queries, gallery, gemb, pos, expanders: Optional[dict] = None,
-                 nqe=8, restrict: Optional[np.ndarray] = None, floor=None) -> Dict[str, np.ndarray]:
+                 nqe=8, restrict: Optional[np.ndarray] = None, floor=None, density: Optional[np.ndarray] = None,
+                 hub: float = 0.0) -> Dict[str, np.ndarray]:
     """{expander name: best target rank per query (1-based)}; 'none' is the plain ranking.
 
     ``nqe``: the neighbours each expander averages, an int or ``nqe(expander name, candidates) -> int`` (the
@@ -100,7 +102,8 @@ def rank_queries(qvecs: np.ndarray, queries, gallery, gemb, pos, expanders: Opti
     that close to the query are averaged in, none that close keeps the query (``EngineDefaults.floor_for``).
 
     ``restrict`` (Q, R) gallery ids: only these candidates can be returned (a compact index's
-    Hamming short-list); the others rank last."""
+    Hamming short-list); the others rank last. ``density`` (G,) and ``hub``: the hub correction the page applies
+    (``engine.index.hubs``): every score less ``hub * density`` of its item."""
     groups = np.array([g["gallery"] for g in gallery])
     ranks = {name: np.zeros(len(queries), np.int64) for name in ["none", *(expanders or {})]}
     for qi, q in enumerate(queries):
@@ -108,7 +111,8 @@ def rank_queries(qvecs: np.ndarray, queries, gallery, gemb, pos, expanders: Opti
         cand = cand[cand != pos[q["reference"]]]
         targets = {pos[t] for t in q["targets"]}
         vecs = gemb[cand]
-        first = vecs @ qvecs[qi]
+        penalty = hub * density[cand] if hub and density is not None else 0.0
+        first = vecs @ qvecs[qi] - penalty
         if restrict is not None:
             first = np.where(np.isin(cand, restrict[qi]), first, -np.inf)
         for name in ranks:
@@ -119,10 +123,21 @@ def rank_queries(qvecs: np.ndarray, queries, gallery, gemb, pos, expanders: Opti
                 if floor is not None:
                     order = order[first[order] >= floor(name)]
                 if len(order):
-                    s = vecs @ expanders[name].expand(qvecs[qi], vecs[order], first[order]).vector
+                    s = vecs @ expanders[name].expand(qvecs[qi], vecs[order], first[order]).vector - penalty
             r = first_hit_ranks(s[None], np.isin(cand, list(targets))[None])[0]
             ranks[name][qi] = int(r) + 1 if np.isfinite(r) else len(cand) + 1
     return ranks
+
+
+def group_density(gallery, gemb: np.ndarray) -> np.ndarray:
+    """(G,) each gallery row's density (``engine.index.hubs.density``) within its own gallery group (the
+    rows a query of that group ranks), as the page computes it over its one gallery."""
+    groups = np.array([g["gallery"] for g in gallery])
+    out = np.zeros(len(gallery), dtype=np.float32)
+    for g in np.unique(groups):
+        rows = np.flatnonzero(groups == g)
+        out[rows] = hubs.density(gemb[rows])
+    return out
 
 
 def recall(ranks: np.ndarray, ks=KS) -> Dict[str, float]:

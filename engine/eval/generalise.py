@@ -34,7 +34,8 @@ import torch
 from ..backbones import create_backbone
 from ..checkpoints import PARTS
 from ..compose import COMPOSERS
-from ..compose.auto import MEMBERS, choose_routes, cross_fitted_score, routed_vectors, router_of
+from ..compose.auto import (MEMBERS, choose_routes, cross_fitted_score, overall_of_ranks, routed_vectors,
+                           router_of)
 from ..data.features import embed_paths, embed_texts
 from ..config import Settings
 from ..data.formats import image_path, load_split
@@ -42,8 +43,8 @@ from ..data.heldout import is_held_out, words
 from ..data.rules import unit_hash
 from ..data.tone import edited_file
 from ..data.vocabulary import training_texts, training_vocabulary
-from ..defaults import engine_defaults, gallery_nqe, write_defaults
-from .cir import available_expanders, cir_composers, compose_queries, rank_queries
+from ..defaults import EngineDefaults, engine_defaults, gallery_nqe, write_defaults
+from .cir import available_expanders, cir_composers, compose_queries, group_density, rank_queries
 from .generalise_open import open_queries
 from .hubness import hubness
 
@@ -225,9 +226,11 @@ def suite_tensors(backbone, suite: Suite):
 
 
 def rank_suite(qvecs: np.ndarray, suite: Suite, gallery, gemb, pos, expander=None, nqe: int = 0,
-               fraction: float = 1.0, floor: float = -1.0) -> np.ndarray:
+               fraction: float = 1.0, floor: float = -1.0, hub: float = 0.0,
+               density: Optional[np.ndarray] = None) -> np.ndarray:
     """1-based best target rank of every query (reference left out); with ``expander``, re-ranked after
-    expanding from the first ``gallery_nqe(nqe, gallery size)`` results of the query's own gallery."""
+    expanding from the first ``gallery_nqe(nqe, gallery size)`` results of the query's own gallery; ``hub``:
+    the hub correction's weight, ``density`` each row's (:func:`engine.eval.cir.group_density`)."""
 
     ranks = np.zeros(len(suite.queries), np.int64)
     for g, members in suite.galleries.items():
@@ -236,7 +239,8 @@ def rank_suite(qvecs: np.ndarray, suite: Suite, gallery, gemb, pos, expander=Non
             continue
         exps = {"x": expander} if expander is not None else None
         r = rank_queries(qvecs[sel], [suite.queries[i] for i in sel], gallery, gemb, pos, exps,
-                         nqe=gallery_nqe(nqe, len(members), fraction), floor=lambda name: floor)
+                         nqe=gallery_nqe(nqe, len(members), fraction), floor=lambda name: floor,
+                         density=density, hub=hub)
         ranks[sel] = r["x" if expander is not None else "none"]
     return ranks
 
@@ -252,21 +256,23 @@ def evaluate(backbone, settings: Settings, side: str, composers: Optional[dict] 
     trusts: dict = {}
     qv = compose_queries(backbone, composers, suite.queries, ref_emb, ref_paths=ref_paths, trusts=trusts)
     kinds = np.array([q["kind"] for q in suite.queries])
+    d = defaults or engine_defaults(backbone, settings)
+    density = group_density(gallery, gemb)
     results, plain = {}, {}
     for name, vecs in qv.items():
-        plain[name] = rank_suite(vecs, suite, gallery, gemb, pos)
+        plain[name] = rank_suite(vecs, suite, gallery, gemb, pos, hub=d.hub_weight_for(name), density=density)
         results[(name, "none")] = summarise(plain[name], kinds)
     if expanders:
-        d = defaults or engine_defaults(backbone, settings)
         for ex_name, ex in _expanders(backbone, settings).items():
             for name, vecs in qv.items():
                 r = rank_suite(vecs, suite, gallery, gemb, pos, ex, d.nqe_for(ex_name), d.nqe_fraction,
-                               d.floor_for(ex_name))
+                               d.floor_for(ex_name), d.hub_weight_for(name), density)
                 results[(name, ex_name)] = summarise(r, kinds)
-    return {"side": side, "suite": suite.summary(), "results": results, "suite_obj": suite,
+    return {"side": side, "suite": suite.summary(), "results": results, "suite_obj": suite, "density": density,
+            "hub": {n: d.hub_weight_for(n) for n in qv},
             "tensors": (gallery, gemb, pos), "vectors": qv, "kinds": kinds, "trust": trusts, "ranks": plain,
             "classes": operation_classes(backbone, composers, suite.queries),
-            "hubness": suite_hubness(qv, suite, gemb, pos)}
+            "hubness": suite_hubness(qv, suite, gemb, pos, hub={n: d.hub_weight_for(n) for n in qv}, density=density)}
 
 
 def operation_classes(backbone, composers: dict, queries) -> Optional[List[str]]:
@@ -282,8 +288,10 @@ def operation_classes(backbone, composers: dict, queries) -> Optional[List[str]]
 USED = 0.25  # a learned correction counts as used on a query when its share tau is at least this
 
 
-def suite_hubness(qv: dict, suite: Suite, gemb: np.ndarray, pos: dict, k: int = 10) -> dict:
-    """{method: {gallery: hubness of its top k}} (engine.eval.hubness), the reference left out."""
+def suite_hubness(qv: dict, suite: Suite, gemb: np.ndarray, pos: dict, k: int = 10, hub: Optional[dict] = None,
+                  density: Optional[np.ndarray] = None) -> dict:
+    """{method: {gallery: hubness of its top k}} (engine.eval.hubness), the reference left out, each method
+    ranked with its hub correction (``hub``: {method: weight}, ``density``: each row's)."""
     out: dict = {}
     for g, members in suite.galleries.items():
         sel = [i for i, q in enumerate(suite.queries) if q["gallery"] == g]
@@ -293,7 +301,9 @@ def suite_hubness(qv: dict, suite: Suite, gemb: np.ndarray, pos: dict, k: int = 
         col_of = {c: j for j, c in enumerate(cols)}
         refs = [col_of.get(pos.get(suite.queries[i]["reference"], -1), -1) for i in sel]
         for name, vecs in qv.items():
-            out.setdefault(name, {})[g] = hubness(vecs[sel] @ gemb[cols].T, k, refs)
+            w = (hub or {}).get(name, 0.0)
+            penalty = w * density[cols] if w and density is not None else 0.0
+            out.setdefault(name, {})[g] = hubness(vecs[sel] @ gemb[cols].T - penalty, k, refs)
     return out
 
 
@@ -321,6 +331,8 @@ def choose(backbone, settings: Settings, ev: dict, expander_grid: bool = True) -
       for this backbone (the fallback where there is none) and only the method is chosen again."""
     if ev["side"] != "val":
         raise ValueError("defaults are chosen on the validation side only")
+    hub = choose_hub(ev)
+    ev = with_hub(ev, hub)
     res = ev["results"]
     scores = {n: r["overall"] for (n, e), r in res.items() if e == "none" and n != "auto"}
     # the default is a method the page offers (a registered composer: RTIC+GCN is a checkpoint the evaluation and
@@ -339,6 +351,10 @@ def choose(backbone, settings: Settings, ev: dict, expander_grid: bool = True) -
     chosen = {"method": method, "overall_val": {n: round(s, 2) for n, s in scores.items()}}
     if auto:
         chosen.update(routes=auto["routes"], auto_val_cross_fitted=round(auto["cross_fitted"], 2))
+        routed = routed_vectors(ev["vectors"], ev["classes"], auto["routes"])
+        hub["auto"] = choose_hub({**ev, "vectors": {"auto": routed}})["auto"]
+    chosen["hub_weight"] = {n: w for n, w in sorted(hub.items()) if w}
+    chosen["hub_val"] = ev["hub_val"]
     if not expander_grid:
         kept = engine_defaults(backbone, settings)
         # how many validation queries of the chosen method each expander moves at the kept values (the page
@@ -366,6 +382,42 @@ def choose(backbone, settings: Settings, ev: dict, expander_grid: bool = True) -
             "queries_changed": changed}
 
 
+HUB_GRID = (0.0, 0.1, 0.2, 0.3, 0.4, 0.6)
+HUB_TIE = 0.1  # a larger weight must beat a smaller one by more than this (overall points) to be chosen
+
+
+def choose_hub(ev: dict) -> Dict[str, float]:
+    """{method: hub correction weight} (engine.index.hubs): per method, the weight of :data:`HUB_GRID` with the
+    best overall score on the validation side ``ev``; a larger weight only when it is more than
+    :data:`HUB_TIE` better (0, no correction, wins ties)."""
+    suite, kinds, density = ev["suite_obj"], ev["kinds"], ev.get("density")
+    gallery, gemb, pos = ev["tensors"]
+    out = {}
+    for name, vecs in ev["vectors"].items():
+        best_w, best = 0.0, -1.0
+        for w in HUB_GRID:
+            score = overall_of_ranks(rank_suite(vecs, suite, gallery, gemb, pos, hub=w, density=density), kinds)
+            if score > best + (HUB_TIE if w else 0.0):
+                best_w, best = w, score
+        out[name] = best_w
+    return out
+
+
+def with_hub(ev: dict, hub: Dict[str, float]) -> dict:
+    """``ev`` with each method's plain ranks and results recomputed under its hub weight (``hub_val``: the
+    overall score before and after, per method)."""
+    suite, kinds, density = ev["suite_obj"], ev["kinds"], ev.get("density")
+    gallery, gemb, pos = ev["tensors"]
+    ranks, results, before_after = dict(ev.get("ranks") or {}), dict(ev["results"]), {}
+    for name, vecs in ev["vectors"].items():
+        w = hub.get(name, 0.0)
+        off = overall_of_ranks(rank_suite(vecs, suite, gallery, gemb, pos), kinds)
+        ranks[name] = rank_suite(vecs, suite, gallery, gemb, pos, hub=w, density=density)
+        results[(name, "none")] = summarise(ranks[name], kinds)
+        before_after[name] = [round(off, 2), round(results[(name, "none")]["overall"], 2)]
+    return {**ev, "ranks": ranks, "results": results, "hub": dict(hub), "hub_val": before_after}
+
+
 def choose_auto(ev: dict) -> Optional[dict]:
     """The automatic method's route table chosen on the validation side ``ev`` (engine.compose.auto) and its
     cross-fitted overall score (routes chosen on half the reference photos, scored on the other half), or None
@@ -386,15 +438,18 @@ def _queries_changed(ev: dict, expander, nqe: int, floor: float) -> int:
     expander that moves none is not offered on the page for this backbone (engine.defaults)."""
     suite = ev["suite_obj"]
     gallery, gemb, pos = ev["tensors"]
-    return int(sum((rank_suite(v, suite, gallery, gemb, pos, expander, nqe, NQE_FRACTION, floor)
-                    != rank_suite(v, suite, gallery, gemb, pos)).sum() for v in ev["vectors"].values()))
+    hub, density = ev.get("hub") or {}, ev.get("density")
+    return int(sum((rank_suite(v, suite, gallery, gemb, pos, expander, nqe, NQE_FRACTION, floor, hub.get(n, 0.0),
+                               density)
+                    != rank_suite(v, suite, gallery, gemb, pos, hub=hub.get(n, 0.0), density=density)).sum()
+                   for n, v in ev["vectors"].items()))
 
 
 def choose_defaults(backbone, settings: Settings, out: Optional[Path] = None, expander_grid: bool = True) -> tuple:
     """Evaluates the validation side, chooses (:func:`choose`) and writes the defaults record for ``backbone``
     into ``out`` (default: assets/checkpoints). Returns (evaluation, choice, record path). Used by
     ``--choose`` and by ``engine prepare`` after it trained a composer for a new backbone."""
-    ev = evaluate(backbone, settings, "val", expanders=False)
+    ev = evaluate(backbone, settings, "val", expanders=False, defaults=EngineDefaults())  # chosen afresh
     chosen = choose(backbone, settings, ev, expander_grid)
     command = "python -m engine eval generalise --side val --choose" + ("" if expander_grid else " --method-only")
     path = write_defaults(backbone, chosen, out, command=command)
@@ -452,8 +507,11 @@ def _use_and_hub_lines(ev: dict) -> List[str]:
     hub = ev.get("hubness") or {}
     if hub:
         gals = sorted({g for v in hub.values() for g in v})
+        weights = {n: w for n, w in (ev.get("hub") or {}).items() if w}
         lines += ["", "Hubness of each method's top 10 (skewness of the 10-occurrence over the gallery; in brackets the "
-                  "largest share of the queries that one item answers):", "",
+                  "largest share of the queries that one item answers), each method ranked with the hub correction "
+                  "weight chosen for it on validation (`engine.index.hubs`; " + (", ".join(
+                      f"{n} {w:g}" for n, w in sorted(weights.items())) or "none chosen") + "; the others 0):", "",
                   "| method | " + " | ".join(gals) + " |", "|---|" + "---|" * len(gals)]
         for name in sorted(hub):
             cells = [f"{hub[name][g]['skew']:.2f} ({100 * hub[name][g]['max_share']:.0f} %)" if g in hub[name] else "–"

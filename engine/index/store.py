@@ -18,13 +18,14 @@ import logging
 import os
 import shutil
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import List, Optional
 
 import numpy as np
 
 from ..errors import IndexLoadError
+from . import hubs
 from .vectors import VectorIndex, create_vector_index
 from ..fileio import atomic_write_text
 
@@ -76,6 +77,7 @@ class GalleryIndex:
     items: List[dict]
     embeddings: np.ndarray  # float16 (N, D)
     vectors: Optional[VectorIndex] = None
+    _density: Optional[np.ndarray] = field(default=None, repr=False, compare=False)
 
     # -- properties -------------------------------------------------------------------
     @property
@@ -146,10 +148,24 @@ class GalleryIndex:
         return d
 
     # -- search -----------------------------------------------------------------------
-    def search(self, queries: np.ndarray, k: int):
+    def search(self, queries: np.ndarray, k: int, hub_weight: float = 0.0):
+        """(scores, ids) of the ``k`` best items per query; with ``hub_weight`` the first ``max(k, hubs.POOL)``
+        are re-ranked by the hub correction (``engine.index.hubs``; not above ``hubs.MAX_ITEMS`` items)."""
         if self.vectors is None:
             raise IndexLoadError("the index has no vector index loaded")
-        return self.vectors.search(queries, k)
+        dens = self.hub_density() if hub_weight else None
+        if dens is None:
+            return self.vectors.search(queries, k)
+        s, i = self.vectors.search(queries, min(len(self), max(k, hubs.POOL)))
+        s, i = hubs.corrected(s, i, dens, hub_weight)
+        return s[:, :k], i[:, :k]
+
+    def hub_density(self) -> Optional[np.ndarray]:
+        """(N,) each item's density (``engine.index.hubs.density``), computed on first use; None for a
+        gallery above ``hubs.MAX_ITEMS`` items."""
+        if self._density is None and 0 < len(self) <= hubs.MAX_ITEMS:
+            self._density = hubs.density(self.vectors_f32())
+        return self._density
 
     # -- persistence ------------------------------------------------------------------
     def save(self) -> Path:

@@ -1,0 +1,102 @@
+"""The hub correction (engine.index.hubs): its density against the formula, the re-ranking, the index and the
+one search function applying the weight the defaults record chose, and the evaluation ranking the same way."""
+import json
+
+import numpy as np
+import pytest
+import torch
+
+
+def _unit(x):
+    return (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)
+
+
+def test_density_is_the_mean_cosine_to_the_kappa_nearest_other_items():
+    from engine.index.hubs import density
+
+    v = _unit(np.random.default_rng(0).normal(size=(37, 8)))
+    sims = v @ v.T
+    np.fill_diagonal(sims, -np.inf)
+    for kappa in (1, 5, 36, 99):
+        k = min(kappa, 36)
+        want = np.sort(sims, axis=1)[:, -k:].mean(axis=1)
+        np.testing.assert_allclose(density(v, kappa, chunk=8), want, rtol=1e-5, atol=1e-6)  # several chunks
+    assert density(v[:1]).tolist() == [0.0]
+
+
+def test_a_hub_is_pulled_down_and_the_right_item_comes_first():
+    from engine.index.hubs import corrected, density
+
+    rng = np.random.default_rng(1)
+    centres = _unit(rng.normal(size=(8, 16)))
+    items = _unit(np.repeat(centres, 4, axis=0) + 0.3 * rng.normal(size=(32, 16)))
+    hub = _unit(centres.sum(0, keepdims=True))          # close to every cluster: a hub
+    gallery = np.vstack([items, hub])
+    target = 5                                          # an item of cluster 1
+    q = _unit(0.5 * hub + 0.5 * items[target:target + 1])[0]
+    scores = gallery @ q
+    order = np.argsort(-scores)
+    assert order[0] == 32 and order[1] == target        # uncorrected, the hub wins
+    dens = density(gallery, 12)
+    assert dens.argmax() == 32                          # the hub is the densest item
+    s, ids = corrected(scores[order][None], order[None], dens, 0.6)
+    assert ids[0, 0] == target and np.all(np.diff(s[0]) <= 0)
+    np.testing.assert_allclose(s[0], scores[ids[0]] - 0.6 * dens[ids[0]], rtol=1e-5, atol=1e-6)
+    s0, i0 = corrected(scores[order][None], order[None], dens, 0.0)
+    assert i0[0].tolist() == order.tolist()              # weight 0: the search as it was
+    padded = np.array([[3, -1, 5]]), np.array([[0.9, 0.8, 0.7]], dtype=np.float32)
+    s, ids = corrected(padded[1], padded[0], dens, 0.5)
+    assert ids[0, -1] == -1 and s[0, -1] == -np.inf      # the index's padding stays last
+
+
+def test_search_applies_the_recorded_hub_weight_and_says_so(tmp_path, tiny, noise_index):
+    from engine.config import Settings
+    from engine.defaults import engine_defaults, write_defaults
+    from engine.index.hubs import density
+    from engine.compose import Query
+    from engine.search import open_engine, search
+
+    _, idx = noise_index(tiny, 40, 32, 3)
+    s = Settings()
+    s.checkpoints = str(tmp_path / "ck")
+    write_defaults(tiny, {"method": "sum", "hub_weight": {"sum": 0.6}}, tmp_path / "ck")
+    assert engine_defaults(tiny, s).hub_weight_for("sum") == 0.6 and engine_defaults(tiny, s).hub_weight_for("text") == 0
+    eng = open_engine(idx, backbone=tiny, settings=s)
+    r = search(eng, image=0, text="noise", method="sum", k=8, explain=True, exclude_reference=True)
+    assert r.explanation["hubs"]["weight"] == 0.6
+    emb = eng.index.vectors_f32()
+    comp = eng.composers["sum"].compose(Query(text="noise", image_embedding=torch.from_numpy(emb[0]), has_image=True))
+    want = emb @ comp.vector - 0.6 * density(emb)
+    want[0] = -np.inf                                                       # the reference left out
+    assert [x.id for x in r.results] == np.argsort(-want, kind="stable")[:8].tolist()
+    np.testing.assert_allclose([x.score for x in r.results], np.sort(want)[::-1][:8], atol=2e-3)
+    plain = search(eng, image=0, text="noise", method="text", k=8, explain=True, exclude_reference=True)
+    assert "hubs" not in plain.explanation                                 # no weight for text: no correction
+    assert [x.id for x in plain.results] != [x.id for x in r.results]
+
+
+@pytest.mark.parametrize("bad", [{"rtic": 2.0}, {"rtic": "strong"}, [0.2], {"rtic": True}])
+def test_a_hub_weight_out_of_range_makes_the_record_ignored(bad, tmp_path, tiny):
+    from engine.defaults import engine_defaults
+
+    (tmp_path / "defaults-x.json").write_text(json.dumps({"kind": "defaults", "backbone_fingerprint": tiny.fingerprint,
+                                                          "method": "rtic", "hub_weight": bad}))
+    d = engine_defaults(tiny, checkpoint_dir=tmp_path)
+    assert d.source != "defaults-x.json" and d.hub_weight_for("rtic") == 0.0
+
+
+def test_the_evaluation_ranks_with_the_same_correction_as_the_search():
+    from engine.eval.cir import group_density, rank_queries
+    from engine.index.hubs import density
+
+    rng = np.random.default_rng(4)
+    gemb = _unit(rng.normal(size=(20, 6)))
+    gallery = [{"image": f"{g}{i}", "gallery": g} for g in "ab" for i in range(10)]
+    pos = {g["image"]: i for i, g in enumerate(gallery)}
+    dens = group_density(gallery, gemb)
+    np.testing.assert_allclose(dens[10:], density(gemb[10:]), rtol=1e-6)   # within its own gallery only
+    qv = _unit(rng.normal(size=(1, 6)))
+    query = {"reference": "b0", "targets": ["b5"], "gallery": "b"}
+    got = rank_queries(qv, [query], gallery, gemb, pos, density=dens, hub=0.4)["none"][0]
+    s = gemb[11:] @ qv[0] - 0.4 * dens[11:]
+    assert got == int((s > s[5 - 1]).sum()) + 1
