@@ -72,6 +72,27 @@ def test_the_automatic_method_composes_each_query_by_its_routed_method(tiny):
         AutoComposer(tiny, members, router, {"category": "rtic"})   # a route to a method not loaded
 
 
+def test_the_query_text_is_encoded_once_by_the_automatic_method_and_the_method_it_routes_to(tiny, monkeypatch):
+    texts = ["a cat instead", "the same car in red"]
+    emb = F.normalize(tiny.encode_texts(texts).embeddings.float(), dim=-1)
+    router = Router(emb * 50.0, torch.zeros(2), ["category", "colour"])
+    auto = AutoComposer(tiny, {"text": TextOnly(tiny), "sum": WeightedSum(tiny)}, router, {"category": "text"})
+    seen = []
+    real = type(tiny).encode_texts
+
+    def counting(self, batch, *a, **kw):
+        seen.extend(batch)
+        return real(self, batch, *a, **kw)
+
+    monkeypatch.setattr(type(tiny), "encode_texts", counting)
+    img = F.normalize(torch.randn(tiny.embed_dim), dim=0)
+    for text in texts:   # routed to Text only, then to the weighted sum: each reads the router's encoding
+        q = Query(text=text, image_embedding=img, has_image=True, alpha=0.5)
+        auto.compose(q)
+        assert q.text_embedding is not None
+    assert seen == texts
+
+
 def test_the_automatic_method_is_unavailable_without_a_route_table(tmp_path, tiny):
     with pytest.raises(ComposerUnavailable, match="route table"):
         load_auto(tiny, tmp_path)

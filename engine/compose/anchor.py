@@ -39,6 +39,7 @@ import torch.nn.functional as F
 from safetensors import safe_open
 
 from ..errors import CheckpointError
+from .base import Composer, Composition, Query, normalise
 from .baselines import WeightedSum
 from .router import Router
 
@@ -230,6 +231,40 @@ def composable(queries) -> bool:
     return all(q.has_image and q.text and q.text.strip() for q in queries)
 
 
+class AnchoredComposer(Composer):
+    """A learned composer with an optional :class:`Anchor` (``self.anchor``): the batch path they share. Per
+    chunk of :attr:`batch` queries the subclass's :meth:`learned_batch` gives the learned vectors, and the
+    anchor blends them with the prior as :meth:`compose` does one query at a time."""
+
+    anchor: Optional[Anchor] = None
+    batch = 64
+
+    def batchable(self, queries: List[Query]) -> bool:
+        return composable(queries)
+
+    def learned_batch(self, chunk: List[Query], image: torch.Tensor, texts: List[str]) -> tuple:
+        """((B, D) learned vectors, (B, D) the texts' embeddings or None when the composer did not encode them
+        itself) for one chunk; ``image``: the (B, D) reference embeddings."""
+        raise NotImplementedError
+
+    @torch.no_grad()
+    def compose_many(self, queries: List[Query]) -> List[Composition]:
+        if not self.batchable(queries):
+            return super().compose_many(queries)
+        out: List[Composition] = []
+        for i in range(0, len(queries), self.batch):
+            chunk = queries[i : i + self.batch]
+            texts = [q.text for q in chunk]
+            image = torch.stack([q.image_embedding.detach().float().cpu().reshape(-1) for q in chunk])
+            vec, text = self.learned_batch(chunk, image, texts)
+            if text is None and self.anchor is not None:
+                text = self.backbone.encode_texts(texts).embeddings.float().cpu()
+            vec, tau = blend_many(self.anchor, self.backbone, image, text, vec, texts)
+            out += [Composition(normalise(v), {"trust": round(float(t), 4)} if self.anchor is not None else {})
+                    for v, t in zip(vec, tau)]
+        return out
+
+
 def split_state(state: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
     """``state`` without the anchor's tensors (what the composer's own module loads)."""
     return {k: v for k, v in state.items() if not k.startswith(PREFIX)}
@@ -281,7 +316,7 @@ def prior_only(composer, query, why: str):
     anchor = getattr(composer, "anchor", None)
     q = replace(query, alpha=anchor.config.alpha if anchor is not None else 0.5)
     comp = WeightedSum(composer.backbone).compose(q)
-    query.text_embedding = q.text_embedding
+    query.text_embedding, query.text_notices = q.text_embedding, q.text_notices
     comp.explanation = {**comp.explanation, "prior_only": f"{why}; with one of them missing the training-free "
                         "composition is used", "trust": 0.0}
     return comp

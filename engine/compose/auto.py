@@ -20,7 +20,7 @@ import numpy as np
 from ..defaults import engine_defaults
 from ..labels import method_label
 from .anchor import composable
-from .base import COMPOSERS, Composer, ComposerUnavailable, Composition, Query
+from .base import COMPOSERS, Composer, ComposerUnavailable, Composition, Query, encoded_text
 from .rtic import load_rtic_composer
 
 # the methods a route may name (those that compose a text with an image and take a text alone)
@@ -48,7 +48,7 @@ class AutoComposer(Composer):
             comp = self.members[self.fallback].compose(query)
             comp.explanation = {**comp.explanation, "automatic": {"method": self.fallback, "operation": None}}
             return comp
-        t = self.backbone.encode_texts([query.text]).embeddings[:1].float().cpu()
+        t = encoded_text(self.backbone, query)[0].float().cpu().reshape(1, -1)  # the routed method reuses it
         op, prob, method = self.method_for(t)
         comp = self.members[method].compose(query)
         auto = {"operation": op, "probability": round(prob, 3), "method": method}

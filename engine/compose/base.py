@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 import torch
@@ -28,8 +28,19 @@ class Query:
     alpha: float = 0.5
     negative_text: Optional[str] = None
     options: Dict[str, Any] = field(default_factory=dict)
-    # set by a composer that encoded ``text`` on its own, so the explanation reuses it (no second encode)
+    # ``text`` encoded once (:func:`encoded_text`), whichever composers (the automatic method and the one it
+    # routes to) and the explanation read it; with the encoder's notices (a truncated text...)
     text_embedding: Optional[torch.Tensor] = None
+    text_notices: List[str] = field(default_factory=list)
+
+
+def encoded_text(backbone: Backbone, query: Query) -> Tuple[torch.Tensor, List[str]]:
+    """(the (D,) embedding of ``query.text``, the encoder's notices), encoded on the first call for this query
+    and reused after."""
+    if query.text_embedding is None:
+        enc = backbone.encode_texts([query.text])
+        query.text_embedding, query.text_notices = enc.embeddings[0], list(enc.notices)
+    return query.text_embedding, list(query.text_notices)
 
 
 @dataclass

@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 
 from ..errors import InputError
-from .base import COMPOSERS, Composer, Composition, Query, normalise
+from .base import COMPOSERS, Composer, Composition, Query, encoded_text, normalise
 
 
 class ImageOnly(Composer):
@@ -20,11 +20,8 @@ class TextOnly(Composer):
 
     def compose(self, query: Query) -> Composition:
         self.check(query)
-        enc = self.backbone.encode_texts([query.text])
-        query.text_embedding = enc.embeddings[0]
-        return Composition(
-            normalise(enc.embeddings[0]), {"formula": "q = f_txt(text)", "prompt": query.text}, enc.notices
-        )
+        emb, notices = encoded_text(self.backbone, query)
+        return Composition(normalise(emb), {"formula": "q = f_txt(text)", "prompt": query.text}, notices)
 
 
 class WeightedSum(Composer):
@@ -44,9 +41,8 @@ class WeightedSum(Composer):
         img = query.image_embedding.float() if query.has_image else torch.zeros(d)
         txt = torch.zeros(d)
         if has_text:
-            enc = self.backbone.encode_texts([query.text])
-            txt, notices = enc.embeddings[0].float().cpu(), list(enc.notices)
-            query.text_embedding = txt
+            txt, notices = encoded_text(self.backbone, query)
+            txt = txt.float().cpu()
         neg = torch.zeros(d)
         if query.negative_text and query.negative_text.strip():
             enc = self.backbone.encode_texts([query.negative_text])

@@ -48,8 +48,8 @@ import torch.nn.functional as F
 from ..checkpoints import figures_of, find, load, load_first, make_record, part, write
 from ..config import Settings
 from ..errors import CheckpointError, InputError
-from .anchor import Anchor, blend_many, composable, load_anchor, operation_text, prior_only, split_state
-from .base import COMPOSERS, Composer, ComposerUnavailable, Composition, Query, normalise
+from .anchor import Anchor, AnchoredComposer, load_anchor, operation_text, prior_only, split_state
+from .base import COMPOSERS, ComposerUnavailable, Composition, Query, encoded_text, normalise
 
 TEMPLATE_MARK = "*"  # where S* goes in a written template; the prompt holds the placeholder token there
 DEFAULT_TEMPLATE = "a photo of * , {text}"
@@ -484,7 +484,7 @@ def load_authors_checkpoint(path: os.PathLike, backbone=None, dim_head: int = 64
 # -- the composer ---------------------------------------------------------------------------------------
 
 
-class ContextI2WComposer(Composer):
+class ContextI2WComposer(AnchoredComposer):
     """Context-I2W as a correction of the weighted sum (engine.compose.anchor): the pseudo-word query is mixed
     into the prior by the query's familiarity; with the image or the text missing the prior alone is used."""
 
@@ -519,8 +519,7 @@ class ContextI2WComposer(Composer):
         vec = self.backbone.encode_texts_with_pseudo([prompt], s)[0]
         anchored = {}
         if self.anchor is not None:
-            raw = self.backbone.encode_texts([query.text]).embeddings[0].float().cpu()
-            query.text_embedding = raw
+            raw = encoded_text(self.backbone, query)[0].float().cpu()
             image = query.image_embedding.detach().float().cpu().reshape(1, -1)
             blended, anchored = self.anchor.explain_blend(image, raw.reshape(1, -1), vec.float().cpu().reshape(1, -1),
                                                           operation_text(self.anchor, self.backbone, [query.text]))
@@ -534,25 +533,16 @@ class ContextI2WComposer(Composer):
         }
         return Composition(normalise(vec), explanation, notices + list(enc.notices))
 
-    @torch.no_grad()
-    def compose_many(self, queries: List[Query], batch: int = 64) -> List[Composition]:
-        if not composable(queries) or any(q.image_tokens is None for q in queries):
-            return super().compose_many(queries)
-        out: List[Composition] = []
+    def batchable(self, queries: List[Query]) -> bool:
+        return super().batchable(queries) and all(q.image_tokens is not None for q in queries)
+
+    def learned_batch(self, chunk: List[Query], image: torch.Tensor, texts: List[str]) -> tuple:
         ph = self.mapper.config.placeholder
-        for i in range(0, len(queries), batch):
-            chunk = queries[i : i + batch]
-            prompts = [build_prompt(self.mapper.config, sanitise_text(q.text, ph)[0]) for q in chunk]
-            ctx = self.backbone.encode_texts(prompts).embeddings.float().to(self.backbone.device)
-            tok = torch.stack([q.image_tokens.float() for q in chunk]).to(self.backbone.device)
-            vec = self.backbone.encode_texts_with_pseudo(prompts, self.mapper(ctx, tok)).float().cpu()
-            texts = [q.text for q in chunk]
-            raw = self.backbone.encode_texts(texts).embeddings.float().cpu() if self.anchor is not None else vec
-            image = torch.stack([q.image_embedding.detach().float().cpu().reshape(-1) for q in chunk])
-            vec, tau = blend_many(self.anchor, self.backbone, image, raw, vec, texts)
-            out += [Composition(normalise(v), {"trust": round(float(t), 4)} if self.anchor is not None else {})
-                    for v, t in zip(vec, tau)]
-        return out
+        prompts = [build_prompt(self.mapper.config, sanitise_text(t, ph)[0]) for t in texts]
+        ctx = self.backbone.encode_texts(prompts).embeddings.float().to(self.backbone.device)
+        tok = torch.stack([q.image_tokens.float() for q in chunk]).to(self.backbone.device)
+        vec = self.backbone.encode_texts_with_pseudo(prompts, self.mapper(ctx, tok)).float().cpu()
+        return vec, None
 
 
 def load_context_i2w_composer(backbone, checkpoint_dir=None) -> ContextI2WComposer:

@@ -37,8 +37,8 @@ import torch.nn.functional as F
 from ..checkpoints import figures_of, find, load, load_first, make_record, part, write
 from ..config import Settings
 from ..errors import CheckpointError
-from .anchor import Anchor, blend_many, composable, load_anchor, operation_text, prior_only, split_state
-from .base import COMPOSERS, Composer, ComposerUnavailable, Composition, Query, normalise
+from .anchor import Anchor, AnchoredComposer, load_anchor, operation_text, prior_only, split_state
+from .base import COMPOSERS, ComposerUnavailable, Composition, Query, encoded_text, normalise
 
 LEGACY_NEGATIVE_SLOPE = 0.2  # the slope of checkpoints whose config does not record one
 
@@ -225,7 +225,7 @@ def find_rtic(fingerprint: Optional[str], checkpoint_dir=None, variant: Optional
 # -- the composer ---------------------------------------------------------------------------------------
 
 
-class RTICComposer(Composer):
+class RTICComposer(AnchoredComposer):
     """RTIC as a correction of the weighted sum (engine.compose.anchor): the learned vector is mixed into the
     prior by the query's familiarity; with the image or the text missing the prior alone is used."""
 
@@ -249,9 +249,8 @@ class RTICComposer(Composer):
     def compose(self, query: Query) -> Composition:
         if not (query.has_image and query.text and query.text.strip()):
             return prior_only(self, query, "RTIC corrects a composition of an image and a text")
-        enc = self.backbone.encode_texts([query.text])
-        query.text_embedding = enc.embeddings[0]
-        text = enc.embeddings[0].detach().float().cpu().reshape(1, -1)
+        emb, notices = encoded_text(self.backbone, query)
+        text = emb.detach().float().cpu().reshape(1, -1)
         image = query.image_embedding.detach().float().cpu().reshape(1, -1)
         out, s = self.model.compose(image, text)
         anchored = {}
@@ -270,23 +269,13 @@ class RTICComposer(Composer):
             "checkpoint": self.record.get("file", ""),
             "variant": self.record.get("part", "rtic"),
         }
-        return Composition(vec, explanation, list(enc.notices))
+        return Composition(vec, explanation, notices)
 
-    @torch.no_grad()
-    def compose_many(self, queries: List[Query], batch: int = 256) -> List[Composition]:
-        if not composable(queries):
-            return super().compose_many(queries)
-        out: List[Composition] = []
-        for i in range(0, len(queries), batch):
-            chunk = queries[i : i + batch]
-            texts = [q.text for q in chunk]
-            text = self.backbone.encode_texts(texts).embeddings.detach().float().cpu()
-            image = torch.stack([q.image_embedding.detach().float().cpu().reshape(-1) for q in chunk])
-            vec, _ = self.model.compose(image, text)
-            vec, tau = blend_many(self.anchor, self.backbone, image, text, vec, texts)
-            out += [Composition(normalise(v), {"trust": round(float(t), 4)} if self.anchor is not None else {})
-                    for v, t in zip(vec, tau)]
-        return out
+    batch = 256
+
+    def learned_batch(self, chunk: List[Query], image: torch.Tensor, texts: List[str]) -> tuple:
+        text = self.backbone.encode_texts(texts).embeddings.detach().float().cpu()
+        return self.model.compose(image, text)[0], text
 
 
 def load_rtic_composer(backbone, checkpoint_dir=None, variant: Optional[str] = None) -> RTICComposer:
