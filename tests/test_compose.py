@@ -65,3 +65,18 @@ def test_weighted_sum_degrades_to_the_given_input(tiny, img):
         c.compose(Query(alpha=0.5))
     with pytest.raises(InputError, match="alpha"):
         c.compose(Query(text="x", alpha=1.5))
+
+
+def test_the_batch_path_of_text_only_and_the_sum_equals_one_query_at_a_time(tiny, img):
+    texts = ["a blue car", "the same dog but at night, in a much longer sentence than the others", "red"]
+    for name in ("text", "sum"):
+        c = COMPOSERS.get(name)(tiny)
+        qs = [Query(image_embedding=img, has_image=True, text=t, alpha=a) for t, a in zip(texts, (0.2, 0.5, 0.9))]
+        batch = [x.vector for x in c.compose_many(qs)]
+        one = [c.compose(Query(image_embedding=img, has_image=True, text=t, alpha=a)).vector
+               for t, a in zip(texts, (0.2, 0.5, 0.9))]
+        assert np.allclose(batch, one, atol=1e-5)
+    # a negative text or a missing text takes the one-at-a-time path (its own formula)
+    c = COMPOSERS.get("sum")(tiny)
+    q = Query(image_embedding=img, has_image=True, text="a car", negative_text="red")
+    assert np.allclose(c.compose_many([q])[0].vector, c.compose(q).vector, atol=1e-6)
