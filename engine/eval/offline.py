@@ -26,7 +26,8 @@ from ..index.vectors import create_vector_index
 from ..registry import Registry
 from ..reports import merge_sections
 from . import concepts, edits, expansion, gallery_queries, generalise
-from .cir import KS, available_expanders, cir_composers, cir_tensors, compose_queries, rank_queries, recall
+from .cir import (KS, available_expanders, cir_composers, cir_tensors, compose_queries, group_density, rank_queries,
+                  recall)
 from .record import write_run_record
 
 # the sections after the composed-retrieval tables: name -> function(args, ctx) -> (markdown, data)
@@ -43,8 +44,8 @@ def evaluate_cir(backbone, settings: Settings, split: str = "test", nqe: int = 0
     """Recall@K of every available composer, with and without each expander (``nqe`` 0: each expander at
     the page defaults for its gallery, engine.defaults)."""
     nqe_note, floor = f"nQE = {nqe} for every expander, no floor", None
+    d = engine_defaults(backbone, settings)
     if not nqe:
-        d = engine_defaults(backbone, settings)
         chosen = ", ".join(f"{k} {v} (floor {d.floor_for(k):g})" for k, v in sorted(d.nqe.items())) or \
             f"{d.nqe_for('any')} for every expander"
         nqe, floor = d.gallery_nqe, d.floor_for
@@ -66,8 +67,11 @@ def evaluate_cir(backbone, settings: Settings, split: str = "test", nqe: int = 0
     kind_of = np.array([q["kind"] for q in queries])
     timings = {}
     all_vecs = compose_queries(backbone, composers, queries, ref_emb, timings)
+    density = group_density(gallery, gemb)  # each method ranked with the page's hub correction (engine.index.hubs)
+    hub_note = ", ".join(f"{n} {d.hub_weight_for(n):g}" for n in all_vecs if d.hub_weight_for(n)) or "none"
     for name, qvecs in all_vecs.items():
-        ranks = rank_queries(qvecs, queries, gallery, gemb, pos, expanders, nqe=nqe, floor=floor)
+        ranks = rank_queries(qvecs, queries, gallery, gemb, pos, expanders, nqe=nqe, floor=floor, density=density,
+                             hub=d.hub_weight_for(name))
         if ics is not None:  # the compact index: Hamming short-list of R, then exact re-rank
             _, short = ics.search(qvecs, ics_rerank)
             ranks[f"none @ {ics.kind} (R={ics_rerank})"] = rank_queries(qvecs, queries, gallery, gemb, pos,
@@ -76,7 +80,8 @@ def evaluate_cir(backbone, settings: Settings, split: str = "test", nqe: int = 0
             results[(name, ex)] = {"all": recall(r), **{k: recall(r[kind_of == k]) for k in kinds},
                                    "ranks": r}
     return {"results": results, "skipped": skipped, "kinds": kinds, "n_queries": len(queries),
-            "n_gallery": len(gallery), "compose_ms": timings, "queries": queries, "gemb": gemb, "nqe_note": nqe_note}
+            "n_gallery": len(gallery), "compose_ms": timings, "queries": queries, "gemb": gemb, "nqe_note": nqe_note,
+            "hub_note": hub_note}
 
 
 def recall_curve_png(results, path: Path, expander: str = "none"):
@@ -107,7 +112,8 @@ def cir_markdown(ev, backbone, img_rel: str) -> str:
     lines = [f"Backbone `{backbone.fingerprint}`; {ev['n_queries']} test queries, {ev['n_gallery']} gallery "
              "images (twemoji and photos galleries ranked separately, reference excluded). Rows `@ ics-K` use "
              "the compact ICS index: Hamming short-list of R candidates, then exact re-rank. Expanders: "
-             f"{ev.get('nqe_note', '')}.", "",
+             f"{ev.get('nqe_note', '')}. Hub correction weights (`engine.index.hubs`, the page's): "
+             f"{ev.get('hub_note', 'none')}.", "",
              "| composer | expansion | " + " | ".join(f"R@{k}" for k in KS) + " |",
              "|---|---|" + "---|" * len(KS)]
     best = max(r["all"]["R@10"] for r in res.values())
