@@ -10,6 +10,7 @@ import json
 import logging
 import os
 import re
+import sys
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -247,15 +248,15 @@ def describe_search_path(checkpoint_dir=None) -> str:
 #     validation             figures on the validation split it was chosen on ({"split", "metric", "scores"}), or {}
 #     ...                    any further trainer figures (history, held-out tables) as more keys
 #
-# Files of the older formats still load (read_record normalises them): RTIC / Context-I2W records under their
-# own metadata key ("rtic", "context_i2w"; the key of format 1), LAttQE's JSON sidecar and ICS's kind/config
-# metadata. ``python -m engine.checkpoints convert PART FILE`` rewrites one in the record format.
+# Files of the retired format 1 (RTIC / Context-I2W records under their own metadata key, LAttQE's record in the
+# JSON sidecar, ICS's kind/config metadata) are refused with one sentence naming the command that retrains them;
+# every shipped file is of the record format.
 
 RECORD_KEY = "cis_checkpoint"
 RECORD_FORMAT = 2
 RECORD_FIELDS = ("format", "part", "backbone_fingerprint", "backbone_name", "config", "recipe", "validation")
 # what a loaded record holds besides a trainer's figures: the schema's fields, the file name (read_record) and
-# format 1's own keys
+# the retired format 1's own keys (dropped should a caller's figures still carry them)
 RECORD_KEYS = RECORD_FIELDS + ("file", "kind", "format_version", "variant")
 
 
@@ -381,35 +382,32 @@ def write(path: os.PathLike, tensors: Dict[str, Any], record: dict) -> Path:
     return path
 
 
-def _legacy_record(path: Path, meta: dict) -> dict:
-    """A format-1 file's record in the schema (``format`` 1), or CheckpointError naming the file."""
-    for name in ("rtic", "context_i2w"):
-        if name in meta:
-            old = json.loads(meta[name])
-            if not isinstance(old, dict) or old.get("kind") != name or "config" not in old:
-                break
-            part_name = old.get("variant", "rtic") if name == "rtic" else "context-i2w"
-            return {**old, "format": 1, "part": part_name,
-                    "recipe": old.get("recipe") or old.get("train_config") or {},
-                    "validation": old.get("validation") or {}}
-    kind = meta.get("kind")
-    if kind in ("lattqe", "ics"):
-        side = {}
-        if path.with_suffix(".json").is_file():
-            side = json.loads(path.with_suffix(".json").read_text())
-        if kind == "lattqe" and side.get("kind") != "lattqe":
-            raise ValueError("its .json sidecar (the LAttQE record of format 1) is missing or foreign")
-        config = side.get("config") or json.loads(meta["config"])
-        if isinstance(config, str):
-            config = json.loads(config)
-        return {**side, "format": 1, "part": kind, "backbone_fingerprint": meta.get("fingerprint", ""),
-                "config": config, "recipe": side.get("train") or {}, "validation": side.get("validation") or {}}
-    raise ValueError("no checkpoint record in its metadata")
+# the metadata of the retired format 1: RTIC / Context-I2W records under their own key, LAttQE / ICS by "kind"
+_FORMAT_1 = {"rtic": "rtic", "context_i2w": "context-i2w"}
+
+
+def _older_format(meta: dict) -> Optional[str]:
+    """The command that retrains an older-format file (format 1), or None when its metadata is not one."""
+    name, config = None, {}
+    for key, part_name in _FORMAT_1.items():
+        if key in meta:
+            name = part_name
+            with contextlib.suppress(ValueError, AttributeError, TypeError):
+                old = json.loads(meta[key])
+                name = old["variant"] if old.get("variant") in PARTS else name
+                config = dict(old.get("config") or {})
+            break
+    else:
+        if meta.get("kind") in ("lattqe", "ics"):
+            name = meta["kind"]
+            with contextlib.suppress(ValueError, TypeError):
+                config = dict(json.loads(meta.get("config") or "{}"))
+    return PARTS[name].command(**config) if name else None
 
 
 def read_record(path: os.PathLike) -> dict:
-    """The record of a checkpoint file (any format, normalised to the schema) without loading its tensors;
-    ``record["file"]`` is the file name. CheckpointError names the file when it has none."""
+    """The record of a checkpoint file without loading its tensors; ``record["file"]`` is the file name.
+    CheckpointError names the file when it has none, and says to retrain a file of the older format 1."""
     from safetensors import safe_open
 
     path = Path(path)
@@ -418,7 +416,12 @@ def read_record(path: os.PathLike) -> dict:
     try:
         with safe_open(str(path), framework="pt") as f:
             meta = f.metadata() or {}
-        record = json.loads(meta[RECORD_KEY]) if RECORD_KEY in meta else _legacy_record(path, meta)
+        if RECORD_KEY not in meta:
+            retrain = _older_format(meta)
+            if retrain:
+                raise CheckpointError(f"{path.name} is an older checkpoint format; retrain it with `{retrain}`")
+            raise ValueError("no checkpoint record in its metadata")
+        record = json.loads(meta[RECORD_KEY])
         if not isinstance(record, dict) or record.get("part") not in PARTS or not isinstance(record.get("config"), dict):
             raise ValueError("its record has no known part or no config")
         bad = _nonfinite_value(record.get("config")) or _nonfinite_value(record.get("anchor"))
@@ -544,22 +547,6 @@ def load(part_name: str, path: Optional[os.PathLike] = None, fingerprint: Option
     return Checkpoint(path, record, tensors)
 
 
-def convert(part_name: str, path: os.PathLike) -> Path:
-    """Rewrites an older-format checkpoint of ``part_name`` in the record format (same tensors, same file
-    name; the .json sidecar is rewritten too). A file already in the record format is left as it is."""
-    path = Path(path)
-    ck = load(part_name, path)
-    if ck.record.get("format") == RECORD_FORMAT:
-        return path
-    old = {k: v for k, v in ck.record.items()
-           if k not in ("format", "part", "kind", "format_version", "file")}
-    fingerprint = old.pop("backbone_fingerprint", "") or old.pop("fingerprint", "")
-    old.pop("fingerprint", None)
-    record = make_record(ck.record["part"], fingerprint, old.pop("config"), old.pop("recipe", None),
-                         old.pop("validation", None), old.pop("backbone_name", ""), **old)
-    return write(path, ck.tensors, record)
-
-
 def inventory(checkpoint_dir=None) -> Dict[str, list]:
     """{part: [file name, ...]} of every readable checkpoint on the search path, any backbone (``info``)."""
     out: Dict[str, list] = {name: [] for name in PARTS}
@@ -571,19 +558,17 @@ def inventory(checkpoint_dir=None) -> Dict[str, list]:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m engine.checkpoints",
-                                 description="Inspect or convert learned-part checkpoints.")
+                                 description="Inspect learned-part checkpoints.")
     sub = ap.add_subparsers(dest="command", required=True)
-    c = sub.add_parser("convert", help="rewrite an older-format checkpoint in the one record format")
-    c.add_argument("part", choices=list(PARTS))
-    c.add_argument("file")
     s = sub.add_parser("show", help="print a checkpoint's record")
     s.add_argument("file")
     args = ap.parse_args(argv)
 
-    if args.command == "convert":
-        print(f"wrote {convert(args.part, args.file)}")
-    else:
+    try:
         print(json.dumps(read_record(args.file), indent=1, default=str))
+    except CheckpointError as exc:
+        print(exc, file=sys.stderr)
+        return 2
     return 0
 
 

@@ -114,9 +114,8 @@ def _copy_with(dst: Path, part: str, edit_record=None, edit_tensors=None) -> Pat
     with safe_open(str(src), framework="pt") as f:
         meta = f.metadata()
         tensors = {k: f.get_tensor(k) for k in f.keys()}
-    record = json.loads(meta[ckpts.RECORD_KEY]) if ckpts.RECORD_KEY in meta else None
-    key = ckpts.RECORD_KEY if record is not None else next(k for k in ("rtic", "context_i2w") if k in meta)
-    record = record if record is not None else json.loads(meta[key])
+    key = ckpts.RECORD_KEY
+    record = json.loads(meta[key])
     if edit_record:
         edit_record(record)
     if edit_tensors:

@@ -28,7 +28,7 @@ return L2-normalised text embeddings, the authors' code fed unnormalised ones, a
 Checkpoints are ``context_i2w-<backbone>.safetensors`` in the one record format of :mod:`engine.checkpoints`
 (:func:`save_context_i2w`, :func:`load_context_i2w`; the record, in the metadata and the ``.json`` sidecar, holds
 the config with the template, the placeholder and its token id, the backbone fingerprint, the recipe and the
-trainer's figures; files of format 1 load the same). :func:`load_authors_checkpoint` maps the authors'
+trainer's figures; files of the older format 1 are refused). :func:`load_authors_checkpoint` maps the authors'
 released ``IM2TEXT_OWM_Attn`` state dict (ViT-L/14) onto :class:`ContextI2WMapper`, weight-norm parameters
 included.
 """

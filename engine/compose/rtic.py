@@ -20,7 +20,7 @@ gallery index lives (gallery vectors are never re-projected).
 
 Checkpoints are ``rtic[-gcn]-<backbone>.safetensors`` files of the one checkpoint layer
 (:mod:`engine.checkpoints`, parts ``rtic`` and ``rtic+gcn``): :func:`save_rtic` writes the record format,
-:func:`load_rtic` / :func:`find_rtic` read any format (the shipped files are of format 1). The composer factory
+:func:`load_rtic` / :func:`find_rtic` read it (older formats are refused). The composer factory
 registered as ``"rtic"`` loads the one matching the live backbone, else raises :class:`ComposerUnavailable`.
 """
 from __future__ import annotations
@@ -201,8 +201,8 @@ def save_rtic(path: os.PathLike, model: RTIC, fingerprint: str, backbone_name: s
 
 
 def load_rtic(path: os.PathLike, fingerprint: Optional[str] = None) -> Tuple[RTIC, dict]:
-    """Loads a model in eval mode through :func:`engine.checkpoints.load` (any format: the shipped files are of
-    format 1); CheckpointError names the file on a fingerprint mismatch or damaged weights (the prior anchor
+    """Loads a model in eval mode through :func:`engine.checkpoints.load` (the record format; an older file is
+    refused); CheckpointError names the file on a fingerprint mismatch or damaged weights (the prior anchor
     stored beside the weights is read by :func:`engine.compose.anchor.load_anchor`)."""
     ck = load("rtic", Path(path).with_suffix(".safetensors"), fingerprint=fingerprint)
     try:
