@@ -155,8 +155,8 @@ def bundled_dir() -> Path:
 def prepared_dir(create: bool = False, settings: Optional[Settings] = None) -> Path:
     """Where ``python -m engine prepare`` and the Space's background prepare put checkpoints by default
     (inside the cache dir, so a mounted persistent volume keeps them between starts; ``CIS_PREPARED_DIR``
-    overrides it). ``settings``: the caller's (default: read now)."""
-    given = (settings or Settings()).prepared_dir
+    overrides it). ``settings``: the entry point's; without them, the default ``<cache>/checkpoints``."""
+    given = settings.prepared_dir if settings is not None else ""
     path = Path(given) if given else cache_dir() / "checkpoints"
     if create:
         path.mkdir(parents=True, exist_ok=True)
@@ -178,11 +178,11 @@ def file_name(part: str, backbone: str, variant: Optional[str] = None) -> str:
 def search_dirs(checkpoint_dir=None, settings: Optional[Settings] = None) -> list:
     """The folders searched, in order: ``checkpoint_dir`` (default: ``CIS_CHECKPOINTS`` of ``settings``; several
     folders may be given separated by ``os.pathsep``), then :func:`prepared_dir`, then :func:`bundled_dir`;
-    duplicates are dropped, keeping their first position. ``settings``: the caller's (default: read now), so a
-    Settings passed in is never bypassed for the prepared folder."""
-    settings = settings or Settings()
+    duplicates are dropped, keeping their first position. ``settings``: the entry point's (nothing is read from
+    the environment here); without them, only ``checkpoint_dir``, the default prepared folder and the bundled
+    one. A loader that takes only a folder is handed :func:`search_path` by its caller."""
     if checkpoint_dir in (None, ""):
-        checkpoint_dir = settings.checkpoints_given
+        checkpoint_dir = settings.checkpoints_given if settings is not None else ""
     raw = checkpoint_dir
     entries = [str(p) for p in raw] if isinstance(raw, (list, tuple)) else str(raw).split(os.pathsep)
     dirs = [Path(e) for e in entries if e.strip()]
@@ -196,18 +196,27 @@ def search_dirs(checkpoint_dir=None, settings: Optional[Settings] = None) -> lis
     return out
 
 
+def search_path(settings: Settings) -> str:
+    """The whole search path of an entry point's ``settings`` (``CIS_CHECKPOINTS``, else the bundled folder;
+    the prepared folder, ``CIS_PREPARED_DIR``; the bundled folder) as one ``os.pathsep``-separated string: the
+    ``checkpoint_dir`` the engine hands the composer, expander and index factories."""
+    return os.pathsep.join(str(d) for d in search_dirs(settings.checkpoints, settings))
+
+
 def resolve(patterns, read_record, fingerprint: Optional[str], checkpoint_dir=None,
-            fingerprint_key: str = "backbone_fingerprint", variant_rank=None, accept=None) -> list:
+            fingerprint_key: str = "backbone_fingerprint", variant_rank=None, accept=None,
+            settings: Optional[Settings] = None) -> list:
     """[(path, record)] of the checkpoints fitting ``fingerprint`` (all readable ones when None), best first.
 
     ``patterns``: glob(s) of the part's ``.safetensors`` files; ``read_record(path)`` returns its record or
     raises CheckpointError (such files are passed over, as are files whose weights are damaged or not finite:
     :func:`weights_problem`); ``variant_rank(record)`` gives the variant priority
-    (lower first); ``accept(record)`` may drop further misfits (e.g. another embedding size)."""
+    (lower first); ``accept(record)`` may drop further misfits (e.g. another embedding size); ``settings``: the
+    caller's, for the search path (:func:`search_dirs`)."""
     if isinstance(patterns, str):
         patterns = [patterns]
     found = []
-    for position, directory in enumerate(search_dirs(checkpoint_dir)):
+    for position, directory in enumerate(search_dirs(checkpoint_dir, settings)):
         if not Path(directory).is_dir():
             continue
         names = sorted({p for pat in patterns for p in Path(directory).glob(pat) if p.is_file()})
@@ -229,9 +238,9 @@ def resolve(patterns, read_record, fingerprint: Optional[str], checkpoint_dir=No
     return [(path, record) for _, path, record in found]
 
 
-def describe_search_path(checkpoint_dir=None) -> str:
+def describe_search_path(checkpoint_dir=None, settings: Optional[Settings] = None) -> str:
     """The searched folders for messages (names relative to nothing; just as configured)."""
-    return os.pathsep.join(str(d) for d in search_dirs(checkpoint_dir))
+    return os.pathsep.join(str(d) for d in search_dirs(checkpoint_dir, settings))
 
 
 # -- the table of learned parts and the one record format ---------------------------------------------------
@@ -491,7 +500,7 @@ def _dim(record: dict) -> Optional[int]:
 
 
 def find(part_name: str, fingerprint: Optional[str], checkpoint_dir=None, dim: Optional[int] = None,
-         **config) -> list:
+         settings: Optional[Settings] = None, **config) -> list:
     """[(path, record)] of ``part_name``'s checkpoints on the search path made for ``fingerprint`` (every
     readable one when None), best first by the tie rule; ``dim``: only those for that embedding size;
     ``config``: only those whose config has these values (e.g. ``bits=64``). A family name (``prepare``'s
@@ -504,7 +513,7 @@ def find(part_name: str, fingerprint: Optional[str], checkpoint_dir=None, dim: O
                 and all(record["config"].get(k) == v for k, v in config.items()))
 
     return resolve(globs, read_record, fingerprint, checkpoint_dir, variant_rank=lambda r: PARTS[r["part"]].rank,
-                   accept=accept)
+                   accept=accept, settings=settings)
 
 
 @dataclass
@@ -515,7 +524,7 @@ class Checkpoint:
 
 
 def load(part_name: str, path: Optional[os.PathLike] = None, fingerprint: Optional[str] = None,
-         checkpoint_dir=None, dim: Optional[int] = None, **config) -> Checkpoint:
+         checkpoint_dir=None, dim: Optional[int] = None, settings: Optional[Settings] = None, **config) -> Checkpoint:
     """The tensors and record of ``path``, or of the best checkpoint :func:`find` names; refuses (with
     CheckpointError naming the file and the command that makes a fitting one) another part's file, one
     trained for another backbone or embedding size, and an unreadable one."""
@@ -523,12 +532,12 @@ def load(part_name: str, path: Optional[os.PathLike] = None, fingerprint: Option
 
     info = part(part_name) if part_name in PARTS else None
     if path is None:
-        hits = find(part_name, fingerprint, checkpoint_dir, dim, **config)
+        hits = find(part_name, fingerprint, checkpoint_dir, dim, settings, **config)
         if not hits:
             label = info.label if info else part_name
             train = info.command(**config) if info else f"python -m engine prepare --parts {part_name}"
             raise CheckpointError(f"no {label} checkpoint for backbone {fingerprint or '?'} in "
-                                  f"{describe_search_path(checkpoint_dir)}; make one with `{train}`")
+                                  f"{describe_search_path(checkpoint_dir, settings)}; make one with `{train}`")
         path = hits[0][0]
     path = Path(path)
     record = read_record(path)
@@ -547,12 +556,12 @@ def load(part_name: str, path: Optional[os.PathLike] = None, fingerprint: Option
     return Checkpoint(path, record, tensors)
 
 
-def inventory(checkpoint_dir=None) -> Dict[str, list]:
+def inventory(checkpoint_dir=None, settings: Optional[Settings] = None) -> Dict[str, list]:
     """{part: [file name, ...]} of every readable checkpoint on the search path, any backbone (``info``)."""
     out: Dict[str, list] = {name: [] for name in PARTS}
     for name in PARTS:
         out[name] = [f"{p.parent.name}/{p.name} ({r.get('backbone_name') or r.get('backbone_fingerprint')})"
-                     for p, r in find(name, None, checkpoint_dir) if r["part"] == name]  # a family finds its kin
+                     for p, r in find(name, None, checkpoint_dir, settings=settings) if r["part"] == name]  # a family finds its kin
     return out
 
 

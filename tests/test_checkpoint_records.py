@@ -11,18 +11,22 @@ import torch
 from safetensors.torch import save_file
 
 from engine import checkpoints as ck
-from engine.config import ASSETS, ROOT
+from engine.config import ASSETS, ROOT, Settings
 from engine.errors import CheckpointError
 
 
 @pytest.fixture
 def search(tmp_path, monkeypatch):
-    """A search path of one empty folder (no cache, no bundled files interfere with names)."""
+    """A search path of one empty folder (no cache, no bundled files interfere with names): the folder; its
+    Settings (CIS_CHECKPOINTS = the folder, an empty prepared folder) come from :func:`_in`."""
     monkeypatch.setenv("CIS_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.setenv("CIS_PREPARED_DIR", str(tmp_path / "prepared"))
     (tmp_path / "ck").mkdir()
-    monkeypatch.setenv("CIS_CHECKPOINTS", str(tmp_path / "ck"))
     return tmp_path / "ck"
+
+
+def _in(search) -> Settings:
+    """The Settings an entry point would pass to search ``search`` first, with an empty prepared folder."""
+    return Settings(checkpoints=str(search), checkpoints_given=str(search), prepared_dir=str(search.parent / "prepared"))
 
 
 def test_every_shipped_checkpoint_loads_through_the_one_loader():
@@ -44,10 +48,10 @@ def test_record_roundtrip_find_and_refusals(search):
     path = ck.write(search / "lattqe-bb", {"w": torch.ones(2, 4)}, rec)
     assert path.name == "lattqe-bb.safetensors" and json.loads(path.with_suffix(".json").read_text())["part"] == "lattqe"
     assert not [p for p in search.iterdir() if p.name.startswith(".")]  # no temporary file left
-    (hit, record), = ck.find("lattqe", "bb@1", dim=4)
+    (hit, record), = ck.find("lattqe", "bb@1", dim=4, settings=_in(search))
     assert hit == path and record["recipe"] == {"lr": 0.1} and record["val_map"] == 0.5 and record["format"] == 2
-    assert ck.find("lattqe", "bb@1", dim=8) == [] and ck.find("lattqe", "other@2") == []
-    got = ck.load("lattqe", fingerprint="bb@1", dim=4)
+    assert ck.find("lattqe", "bb@1", dim=8, settings=_in(search)) == [] and ck.find("lattqe", "other@2", settings=_in(search)) == []
+    got = ck.load("lattqe", fingerprint="bb@1", dim=4, settings=_in(search))
     assert torch.equal(got.tensors["w"], torch.ones(2, 4))
     with pytest.raises(CheckpointError, match="lattqe-bb.safetensors was trained for backbone"):
         ck.load("lattqe", path, fingerprint="other@2")
@@ -56,7 +60,7 @@ def test_record_roundtrip_find_and_refusals(search):
     with pytest.raises(CheckpointError, match="holds a lattqe checkpoint, not ics"):
         ck.load("ics", path)
     with pytest.raises(CheckpointError, match=r"no ICS checkpoint .* make one with `python -m engine train ics --bits 16`"):
-        ck.load("ics", fingerprint="bb@1", bits=16)
+        ck.load("ics", fingerprint="bb@1", bits=16, settings=_in(search))
     with pytest.raises(ValueError, match="fields of the record"):
         ck.make_record("lattqe", "bb@1", {}, part="ics")
     path.write_bytes(path.read_bytes()[:64])
@@ -137,7 +141,7 @@ def test_rtic_saves_and_loads_through_the_layer_and_refuses_format_1_files(searc
         ck.read_record(plain)
     with pytest.raises(CheckpointError, match=re.escape(refusal)):
         load_rtic(plain, "bb@1")
-    assert [p for p, _ in ck.find("rtic", "bb@1")] == [path] == [p for p, _ in find_rtic("bb@1")]
+    assert [p for p, _ in ck.find("rtic", "bb@1", settings=_in(search))] == [path] == [p for p, _ in find_rtic("bb@1", str(search))]
     assert refusal in caplog.text
     with pytest.raises(CheckpointError, match="rtic-gcn-bb.safetensors was trained for backbone 'bb@1'"):
         load_rtic(path, "other@1")
@@ -191,17 +195,17 @@ def test_old_ics_file_is_refused_and_an_itq_era_record_too(search):
     with pytest.raises(CheckpointError, match=re.escape(
             "ics-16-bb.safetensors is an older checkpoint format; retrain it with `python -m engine train ics --bits 16`")):
         load_ics(path, fingerprint="bb@1", dim=8)
-    assert ck.find("ics", "bb@1", dim=8, bits=16) == []
+    assert ck.find("ics", "bb@1", dim=8, bits=16, settings=_in(search)) == []
     ck.write(path, state, ck.make_record("ics", "bb@1", asdict(cfg)))
     assert load_ics(path, fingerprint="bb@1", dim=8).bits == 16
-    assert [p for p, _ in ck.find("ics", "bb@1", dim=8, bits=16)] == [path]
+    assert [p for p, _ in ck.find("ics", "bb@1", dim=8, bits=16, settings=_in(search))] == [path]
     ck.write(path, state, ck.make_record("ics", "bb@1", {**asdict(cfg), "locality_bits": 8}))
     with pytest.raises(CheckpointError, match="older version that appended ITQ bits; retrain it"):
         load_ics(path)
 
 
 def test_inventory_lists_each_shipped_file_once_under_its_own_part(search):  # an empty CIS_CHECKPOINTS + prepared
-    listed = [(name, entry.split(" (")[0].split("/")[-1]) for name, entries in ck.inventory().items()
+    listed = [(name, entry.split(" (")[0].split("/")[-1]) for name, entries in ck.inventory(settings=_in(search)).items()
               for entry in entries]
     files = sorted(p.name for p in (ASSETS / "checkpoints").glob("*.safetensors"))
     assert sorted(f for _, f in listed) == files  # every file once: RTIC+GCN's not also under RTIC

@@ -45,8 +45,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..checkpoints import figures_of, find, load, load_first, make_record, part, write
-from ..config import Settings
+from ..checkpoints import describe_search_path, figures_of, find, load, load_first, make_record, part, write
 from ..errors import CheckpointError, InputError
 from .anchor import Anchor, blend_many, composable, load_anchor, operation_text, prior_only, split_state
 from .base import COMPOSERS, Composer, ComposerUnavailable, Composition, Query, normalise
@@ -557,12 +556,10 @@ class ContextI2WComposer(Composer):
 
 def load_context_i2w_composer(backbone, checkpoint_dir=None) -> ContextI2WComposer:
     """The composer for ``backbone`` from the best checkpoint on the search path (engine.checkpoints.find)."""
-    if checkpoint_dir is None:
-        checkpoint_dir = Settings().checkpoints
     found = find("context-i2w", backbone.fingerprint, checkpoint_dir)
     if not found:
-        raise ComposerUnavailable(
-            f"no Context-I2W checkpoint for {backbone.name} in {checkpoint_dir}; {part('context-i2w').train_hint()}")
+        raise ComposerUnavailable(f"no Context-I2W checkpoint for {backbone.name} in "
+                                  f"{describe_search_path(checkpoint_dir)}; {part('context-i2w').train_hint()}")
     def one(path):  # best first; a damaged one is passed over for the next (in the end the bundled file)
         mapper, record = load_context_i2w(path, backbone.fingerprint)
         anchor = load_anchor(path, record)  # CheckpointError naming the file when unreadable

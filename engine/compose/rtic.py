@@ -34,8 +34,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..checkpoints import figures_of, find, load, load_first, make_record, part, write
-from ..config import Settings
+from ..checkpoints import describe_search_path, figures_of, find, load, load_first, make_record, part, write
 from ..errors import CheckpointError
 from .anchor import Anchor, blend_many, composable, load_anchor, operation_text, prior_only, split_state
 from .base import COMPOSERS, Composer, ComposerUnavailable, Composition, Query, normalise
@@ -290,17 +289,16 @@ class RTICComposer(Composer):
 
 
 def load_rtic_composer(backbone, checkpoint_dir=None, variant: Optional[str] = None) -> RTICComposer:
-    """Loads the RTIC checkpoint for ``backbone`` from ``checkpoint_dir`` (default: settings).
+    """Loads the RTIC checkpoint for ``backbone`` from ``checkpoint_dir`` (default: the checkpoint layer's search
+    path, :func:`engine.checkpoints.search_dirs`).
 
     ``variant``: ``"rtic"`` or ``"rtic+gcn"`` to pick one; None takes the plain RTIC checkpoint when
     there is one (never chosen by test-split numbers), else the GCN-trained one.
     """
-    if checkpoint_dir is None:
-        checkpoint_dir = Settings().checkpoints
     found = find_rtic(backbone.fingerprint, checkpoint_dir, variant)
     if not found:
         raise ComposerUnavailable(
-            f"no RTIC checkpoint for {backbone.name} in {checkpoint_dir}; {part('rtic').train_hint()}"
+            f"no RTIC checkpoint for {backbone.name} in {describe_search_path(checkpoint_dir)}; {part('rtic').train_hint()}"
         )
     def one(path):  # in the layer's tie rule: search path, plain RTIC first, name; a damaged one passed over
         model, record = load_rtic(path, backbone.fingerprint)
