@@ -20,8 +20,10 @@ its prior anchor's fit and the defaults step), whichever parts are asked for and
 training, the steps that read the held-out-domain suite run in the budget that is left, each only if some is
 left (at least :data:`SUITE_STEP_S`): the prior anchor of each composer trained (``engine.train.anchor_fit``),
 then the defaults (method, nQE).
-A step the budget leaves out is listed as skipped with the command that runs it. The run therefore ends within
-the budget plus the length of the last step it started (``python -m engine bench --only prepare-cost``).
+A step the budget leaves out is listed as skipped with the command that runs it. The budget does not bound a
+part's minimum: every part asked for runs its probe and at least one epoch, even after the budget is spent, so
+a run ends within the budget plus up to one probe and one epoch per part plus the last suite step it started
+(docs/deploy.md, "What the budget bounds", has a measured run).
 
 Resumable: a finished part is found and skipped on the next run; the plan of an unfinished run is kept in
 ``<cache>/prepare/<slug>/<part>/plan.json`` and reused (no second probe), and Context-I2W / RTIC continue
