@@ -516,7 +516,7 @@ DAMAGES = ("long CURRENT", "NaN cache row", "reversed cache rows", "garbage thum
 
 
 def run_starts(index_dir: Path, folder: Path, damages=DAMAGES) -> List[dict]:
-    """``python -c 'load_default_engine(); search'`` on a copy of the index (and a checkpoints folder) with one
+    """``python -c 'load_default_engine(Settings()); search'`` on a copy of the index (and a checkpoints folder) with one
     damaged file each: exit code, seconds, the warning lines, whether a search answered."""
     import shutil
 
