@@ -338,12 +338,11 @@ def search_route(engine: SearchEngine, settings: Optional[Settings] = None, work
     return Route("/api/search", endpoint, methods=["POST"], name="api_search")
 
 
-def api_middleware(settings: Optional[Settings] = None) -> List:
+def api_middleware(settings: Settings) -> List:
     """Middleware for the whole app (``app_kwargs={"middleware": api_middleware(...)}``): idle request bodies
     are closed with HTTP 408 after ``CIS_BODY_IDLE_S`` seconds (``settings.body_idle_s``), on every route (page uploads included)."""
     from starlette.middleware import Middleware
 
-    settings = settings or Settings()
     install_header_deadline(HEADER_DEADLINE_S)
     install_error_sentences()
     return [Middleware(IdleBodyTimeout, idle_s=float(settings.body_idle_s) or IDLE_BODY_S)]

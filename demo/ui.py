@@ -412,11 +412,11 @@ def _own_tab(engine: SearchEngine, searches: dict) -> None:
     o.gallery.select(h.result_as_reference, [session, o.ids], o.image, api_name=False)
 
 
-def build_demo(settings: Optional[Settings] = None, engine: Optional[SearchEngine] = None) -> gr.Blocks:
+def build_demo(settings: Settings, engine: Optional[SearchEngine] = None) -> gr.Blocks:
     """The page: a header, the "Search the gallery" tab (:func:`_main_tab`) and the "Search your own photos"
     tab (:func:`_own_tab`) on one queue. Without ``engine``, the gallery's engine is loaded here
-    (engine.service.load_default_engine, which also gives its backbone the text micro-batcher)."""
-    settings = settings or Settings()
+    (engine.service.load_default_engine, which also gives its backbone the text micro-batcher). ``settings``:
+    the entry point's (app.py builds one)."""
     engine = engine or load_default_engine(settings)
     # Every kind of search (button, Enter, an example, a history rerun, the own-photos tab) shares one pool of
     # CIS_CONCURRENCY workers (separate per-event limits would add up to several times it). Default 8 on 2

@@ -15,7 +15,7 @@ from typing import Optional
 
 from .config import Settings
 from .errors import CheckpointError
-from .checkpoints import PARTS, prepared_parts
+from .checkpoints import PARTS, prepared_parts, search_path
 from .prepare import Status, prepare
 
 log = logging.getLogger(__name__)
@@ -46,7 +46,7 @@ def refresh(engine) -> list:
     from .compose.base import ComposerUnavailable
     from .expand import EXPANDERS, ExpanderUnavailable
 
-    ckpt, bb, new = engine.settings.checkpoints, engine.backbone, []
+    ckpt, bb, new = search_path(engine.settings), engine.backbone, []
 
     def retry(available: dict, unavailable: dict, make, missing) -> None:
         for name in list(unavailable):

@@ -10,6 +10,7 @@ import json
 import logging
 import os
 import re
+import sys
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -154,8 +155,8 @@ def bundled_dir() -> Path:
 def prepared_dir(create: bool = False, settings: Optional[Settings] = None) -> Path:
     """Where ``python -m engine prepare`` and the Space's background prepare put checkpoints by default
     (inside the cache dir, so a mounted persistent volume keeps them between starts; ``CIS_PREPARED_DIR``
-    overrides it). ``settings``: the caller's (default: read now)."""
-    given = (settings or Settings()).prepared_dir
+    overrides it). ``settings``: the entry point's; without them, the default ``<cache>/checkpoints``."""
+    given = settings.prepared_dir if settings is not None else ""
     path = Path(given) if given else cache_dir() / "checkpoints"
     if create:
         path.mkdir(parents=True, exist_ok=True)
@@ -177,11 +178,11 @@ def file_name(part: str, backbone: str, variant: Optional[str] = None) -> str:
 def search_dirs(checkpoint_dir=None, settings: Optional[Settings] = None) -> list:
     """The folders searched, in order: ``checkpoint_dir`` (default: ``CIS_CHECKPOINTS`` of ``settings``; several
     folders may be given separated by ``os.pathsep``), then :func:`prepared_dir`, then :func:`bundled_dir`;
-    duplicates are dropped, keeping their first position. ``settings``: the caller's (default: read now), so a
-    Settings passed in is never bypassed for the prepared folder."""
-    settings = settings or Settings()
+    duplicates are dropped, keeping their first position. ``settings``: the entry point's (nothing is read from
+    the environment here); without them, only ``checkpoint_dir``, the default prepared folder and the bundled
+    one. A loader that takes only a folder is handed :func:`search_path` by its caller."""
     if checkpoint_dir in (None, ""):
-        checkpoint_dir = settings.checkpoints_given
+        checkpoint_dir = settings.checkpoints_given if settings is not None else ""
     raw = checkpoint_dir
     entries = [str(p) for p in raw] if isinstance(raw, (list, tuple)) else str(raw).split(os.pathsep)
     dirs = [Path(e) for e in entries if e.strip()]
@@ -195,18 +196,27 @@ def search_dirs(checkpoint_dir=None, settings: Optional[Settings] = None) -> lis
     return out
 
 
+def search_path(settings: Settings) -> str:
+    """The whole search path of an entry point's ``settings`` (``CIS_CHECKPOINTS``, else the bundled folder;
+    the prepared folder, ``CIS_PREPARED_DIR``; the bundled folder) as one ``os.pathsep``-separated string: the
+    ``checkpoint_dir`` the engine hands the composer, expander and index factories."""
+    return os.pathsep.join(str(d) for d in search_dirs(settings.checkpoints, settings))
+
+
 def resolve(patterns, read_record, fingerprint: Optional[str], checkpoint_dir=None,
-            fingerprint_key: str = "backbone_fingerprint", variant_rank=None, accept=None) -> list:
+            fingerprint_key: str = "backbone_fingerprint", variant_rank=None, accept=None,
+            settings: Optional[Settings] = None) -> list:
     """[(path, record)] of the checkpoints fitting ``fingerprint`` (all readable ones when None), best first.
 
     ``patterns``: glob(s) of the part's ``.safetensors`` files; ``read_record(path)`` returns its record or
     raises CheckpointError (such files are passed over, as are files whose weights are damaged or not finite:
     :func:`weights_problem`); ``variant_rank(record)`` gives the variant priority
-    (lower first); ``accept(record)`` may drop further misfits (e.g. another embedding size)."""
+    (lower first); ``accept(record)`` may drop further misfits (e.g. another embedding size); ``settings``: the
+    caller's, for the search path (:func:`search_dirs`)."""
     if isinstance(patterns, str):
         patterns = [patterns]
     found = []
-    for position, directory in enumerate(search_dirs(checkpoint_dir)):
+    for position, directory in enumerate(search_dirs(checkpoint_dir, settings)):
         if not Path(directory).is_dir():
             continue
         names = sorted({p for pat in patterns for p in Path(directory).glob(pat) if p.is_file()})
@@ -228,9 +238,9 @@ def resolve(patterns, read_record, fingerprint: Optional[str], checkpoint_dir=No
     return [(path, record) for _, path, record in found]
 
 
-def describe_search_path(checkpoint_dir=None) -> str:
+def describe_search_path(checkpoint_dir=None, settings: Optional[Settings] = None) -> str:
     """The searched folders for messages (names relative to nothing; just as configured)."""
-    return os.pathsep.join(str(d) for d in search_dirs(checkpoint_dir))
+    return os.pathsep.join(str(d) for d in search_dirs(checkpoint_dir, settings))
 
 
 # -- the table of learned parts and the one record format ---------------------------------------------------
@@ -247,15 +257,15 @@ def describe_search_path(checkpoint_dir=None) -> str:
 #     validation             figures on the validation split it was chosen on ({"split", "metric", "scores"}), or {}
 #     ...                    any further trainer figures (history, held-out tables) as more keys
 #
-# Files of the older formats still load (read_record normalises them): RTIC / Context-I2W records under their
-# own metadata key ("rtic", "context_i2w"; the key of format 1), LAttQE's JSON sidecar and ICS's kind/config
-# metadata. ``python -m engine.checkpoints convert PART FILE`` rewrites one in the record format.
+# Files of the retired format 1 (RTIC / Context-I2W records under their own metadata key, LAttQE's record in the
+# JSON sidecar, ICS's kind/config metadata) are refused with one sentence naming the command that retrains them;
+# every shipped file is of the record format.
 
 RECORD_KEY = "cis_checkpoint"
 RECORD_FORMAT = 2
 RECORD_FIELDS = ("format", "part", "backbone_fingerprint", "backbone_name", "config", "recipe", "validation")
 # what a loaded record holds besides a trainer's figures: the schema's fields, the file name (read_record) and
-# format 1's own keys
+# the retired format 1's own keys (dropped should a caller's figures still carry them)
 RECORD_KEYS = RECORD_FIELDS + ("file", "kind", "format_version", "variant")
 
 
@@ -381,35 +391,32 @@ def write(path: os.PathLike, tensors: Dict[str, Any], record: dict) -> Path:
     return path
 
 
-def _legacy_record(path: Path, meta: dict) -> dict:
-    """A format-1 file's record in the schema (``format`` 1), or CheckpointError naming the file."""
-    for name in ("rtic", "context_i2w"):
-        if name in meta:
-            old = json.loads(meta[name])
-            if not isinstance(old, dict) or old.get("kind") != name or "config" not in old:
-                break
-            part_name = old.get("variant", "rtic") if name == "rtic" else "context-i2w"
-            return {**old, "format": 1, "part": part_name,
-                    "recipe": old.get("recipe") or old.get("train_config") or {},
-                    "validation": old.get("validation") or {}}
-    kind = meta.get("kind")
-    if kind in ("lattqe", "ics"):
-        side = {}
-        if path.with_suffix(".json").is_file():
-            side = json.loads(path.with_suffix(".json").read_text())
-        if kind == "lattqe" and side.get("kind") != "lattqe":
-            raise ValueError("its .json sidecar (the LAttQE record of format 1) is missing or foreign")
-        config = side.get("config") or json.loads(meta["config"])
-        if isinstance(config, str):
-            config = json.loads(config)
-        return {**side, "format": 1, "part": kind, "backbone_fingerprint": meta.get("fingerprint", ""),
-                "config": config, "recipe": side.get("train") or {}, "validation": side.get("validation") or {}}
-    raise ValueError("no checkpoint record in its metadata")
+# the metadata of the retired format 1: RTIC / Context-I2W records under their own key, LAttQE / ICS by "kind"
+_FORMAT_1 = {"rtic": "rtic", "context_i2w": "context-i2w"}
+
+
+def _older_format(meta: dict) -> Optional[str]:
+    """The command that retrains an older-format file (format 1), or None when its metadata is not one."""
+    name, config = None, {}
+    for key, part_name in _FORMAT_1.items():
+        if key in meta:
+            name = part_name
+            with contextlib.suppress(ValueError, AttributeError, TypeError):
+                old = json.loads(meta[key])
+                name = old["variant"] if old.get("variant") in PARTS else name
+                config = dict(old.get("config") or {})
+            break
+    else:
+        if meta.get("kind") in ("lattqe", "ics"):
+            name = meta["kind"]
+            with contextlib.suppress(ValueError, TypeError):
+                config = dict(json.loads(meta.get("config") or "{}"))
+    return PARTS[name].command(**config) if name else None
 
 
 def read_record(path: os.PathLike) -> dict:
-    """The record of a checkpoint file (any format, normalised to the schema) without loading its tensors;
-    ``record["file"]`` is the file name. CheckpointError names the file when it has none."""
+    """The record of a checkpoint file without loading its tensors; ``record["file"]`` is the file name.
+    CheckpointError names the file when it has none, and says to retrain a file of the older format 1."""
     from safetensors import safe_open
 
     path = Path(path)
@@ -418,7 +425,12 @@ def read_record(path: os.PathLike) -> dict:
     try:
         with safe_open(str(path), framework="pt") as f:
             meta = f.metadata() or {}
-        record = json.loads(meta[RECORD_KEY]) if RECORD_KEY in meta else _legacy_record(path, meta)
+        if RECORD_KEY not in meta:
+            retrain = _older_format(meta)
+            if retrain:
+                raise CheckpointError(f"{path.name} is an older checkpoint format; retrain it with `{retrain}`")
+            raise ValueError("no checkpoint record in its metadata")
+        record = json.loads(meta[RECORD_KEY])
         if not isinstance(record, dict) or record.get("part") not in PARTS or not isinstance(record.get("config"), dict):
             raise ValueError("its record has no known part or no config")
         bad = _nonfinite_value(record.get("config")) or _nonfinite_value(record.get("anchor"))
@@ -488,7 +500,7 @@ def _dim(record: dict) -> Optional[int]:
 
 
 def find(part_name: str, fingerprint: Optional[str], checkpoint_dir=None, dim: Optional[int] = None,
-         **config) -> list:
+         settings: Optional[Settings] = None, **config) -> list:
     """[(path, record)] of ``part_name``'s checkpoints on the search path made for ``fingerprint`` (every
     readable one when None), best first by the tie rule; ``dim``: only those for that embedding size;
     ``config``: only those whose config has these values (e.g. ``bits=64``). A family name (``prepare``'s
@@ -501,7 +513,7 @@ def find(part_name: str, fingerprint: Optional[str], checkpoint_dir=None, dim: O
                 and all(record["config"].get(k) == v for k, v in config.items()))
 
     return resolve(globs, read_record, fingerprint, checkpoint_dir, variant_rank=lambda r: PARTS[r["part"]].rank,
-                   accept=accept)
+                   accept=accept, settings=settings)
 
 
 @dataclass
@@ -512,7 +524,7 @@ class Checkpoint:
 
 
 def load(part_name: str, path: Optional[os.PathLike] = None, fingerprint: Optional[str] = None,
-         checkpoint_dir=None, dim: Optional[int] = None, **config) -> Checkpoint:
+         checkpoint_dir=None, dim: Optional[int] = None, settings: Optional[Settings] = None, **config) -> Checkpoint:
     """The tensors and record of ``path``, or of the best checkpoint :func:`find` names; refuses (with
     CheckpointError naming the file and the command that makes a fitting one) another part's file, one
     trained for another backbone or embedding size, and an unreadable one."""
@@ -520,12 +532,12 @@ def load(part_name: str, path: Optional[os.PathLike] = None, fingerprint: Option
 
     info = part(part_name) if part_name in PARTS else None
     if path is None:
-        hits = find(part_name, fingerprint, checkpoint_dir, dim, **config)
+        hits = find(part_name, fingerprint, checkpoint_dir, dim, settings, **config)
         if not hits:
             label = info.label if info else part_name
             train = info.command(**config) if info else f"python -m engine prepare --parts {part_name}"
             raise CheckpointError(f"no {label} checkpoint for backbone {fingerprint or '?'} in "
-                                  f"{describe_search_path(checkpoint_dir)}; make one with `{train}`")
+                                  f"{describe_search_path(checkpoint_dir, settings)}; make one with `{train}`")
         path = hits[0][0]
     path = Path(path)
     record = read_record(path)
@@ -544,46 +556,28 @@ def load(part_name: str, path: Optional[os.PathLike] = None, fingerprint: Option
     return Checkpoint(path, record, tensors)
 
 
-def convert(part_name: str, path: os.PathLike) -> Path:
-    """Rewrites an older-format checkpoint of ``part_name`` in the record format (same tensors, same file
-    name; the .json sidecar is rewritten too). A file already in the record format is left as it is."""
-    path = Path(path)
-    ck = load(part_name, path)
-    if ck.record.get("format") == RECORD_FORMAT:
-        return path
-    old = {k: v for k, v in ck.record.items()
-           if k not in ("format", "part", "kind", "format_version", "file")}
-    fingerprint = old.pop("backbone_fingerprint", "") or old.pop("fingerprint", "")
-    old.pop("fingerprint", None)
-    record = make_record(ck.record["part"], fingerprint, old.pop("config"), old.pop("recipe", None),
-                         old.pop("validation", None), old.pop("backbone_name", ""), **old)
-    return write(path, ck.tensors, record)
-
-
-def inventory(checkpoint_dir=None) -> Dict[str, list]:
+def inventory(checkpoint_dir=None, settings: Optional[Settings] = None) -> Dict[str, list]:
     """{part: [file name, ...]} of every readable checkpoint on the search path, any backbone (``info``)."""
     out: Dict[str, list] = {name: [] for name in PARTS}
     for name in PARTS:
         out[name] = [f"{p.parent.name}/{p.name} ({r.get('backbone_name') or r.get('backbone_fingerprint')})"
-                     for p, r in find(name, None, checkpoint_dir) if r["part"] == name]  # a family finds its kin
+                     for p, r in find(name, None, checkpoint_dir, settings=settings) if r["part"] == name]  # a family finds its kin
     return out
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m engine.checkpoints",
-                                 description="Inspect or convert learned-part checkpoints.")
+                                 description="Inspect learned-part checkpoints.")
     sub = ap.add_subparsers(dest="command", required=True)
-    c = sub.add_parser("convert", help="rewrite an older-format checkpoint in the one record format")
-    c.add_argument("part", choices=list(PARTS))
-    c.add_argument("file")
     s = sub.add_parser("show", help="print a checkpoint's record")
     s.add_argument("file")
     args = ap.parse_args(argv)
 
-    if args.command == "convert":
-        print(f"wrote {convert(args.part, args.file)}")
-    else:
+    try:
         print(json.dumps(read_record(args.file), indent=1, default=str))
+    except CheckpointError as exc:
+        print(exc, file=sys.stderr)
+        return 2
     return 0
 
 

@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from .checkpoints import PARTS, inventory
+from .checkpoints import PARTS, inventory, search_path
 from .config import Settings
 from .errors import EngineError
 from .query import DEFAULT_ALPHA, DEFAULT_K, SearchRequest, gallery_reference, limit_sentence
@@ -90,7 +90,7 @@ def cmd_info(args) -> int:
         out["composers"] = COMPOSERS.names()
         out["expanders"] = EXPANDERS.names()
 
-        out["checkpoints"] = inventory(s.checkpoints)  # every learned part on the search path, any backbone
+        out["checkpoints"] = inventory(s.checkpoints, settings=s)  # every learned part on the search path, any backbone
     print(json.dumps(out, indent=2, default=str))
     return 0
 
@@ -104,7 +104,8 @@ def cmd_index(args) -> int:
     if args.runner == "ray":
         from .index.ray_runner import build_index_ray
 
-        opts = {"checkpoint_dir": s.checkpoints, "fingerprint": backbone.fingerprint}
+        opts = {"checkpoint_dir": search_path(s), "fingerprint": backbone.fingerprint,
+                "memory_budget": s.index_memory_budget}
         idx = build_index_ray(args.source, args.out, backbone, settings=s, address=args.address,
                               index_type=args.index_type, batch_size=args.batch_size, workers=args.workers,
                               shard_size=args.shard_size, vector_options=opts, dba=args.dba, dba_k=args.dba_k)

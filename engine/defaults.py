@@ -100,7 +100,7 @@ def engine_defaults(backbone, settings=None, checkpoint_dir=None) -> EngineDefau
     settings' folder, first), else the fallback."""
     folder = checkpoint_dir if checkpoint_dir not in (None, "") else (
         getattr(settings, "checkpoints", None) if settings is not None else None)
-    for directory in search_dirs(folder):
+    for directory in search_dirs(folder, settings):
         for path in sorted(Path(directory).glob(PATTERN)) if Path(directory).is_dir() else []:
             rec = _read(path)
             if rec is None or rec.get("backbone_fingerprint") != backbone.fingerprint:

@@ -20,8 +20,10 @@ its prior anchor's fit and the defaults step), whichever parts are asked for and
 training, the steps that read the held-out-domain suite run in the budget that is left, each only if some is
 left (at least :data:`SUITE_STEP_S`): the prior anchor of each composer trained (``engine.train.anchor_fit``),
 then the defaults (method, nQE).
-A step the budget leaves out is listed as skipped with the command that runs it. The run therefore ends within
-the budget plus the length of the last step it started (``python -m engine bench --only prepare-cost``).
+A step the budget leaves out is listed as skipped with the command that runs it. The budget does not bound a
+part's minimum: every part asked for runs its probe and at least one epoch, even after the budget is spent, so
+a run ends within the budget plus up to one probe and one epoch per part plus the last suite step it started
+(docs/deploy.md, "What the budget bounds", has a measured run).
 
 Resumable: a finished part is found and skipped on the next run; the plan of an unfinished run is kept in
 ``<cache>/prepare/<slug>/<part>/plan.json`` and reused (no second probe), and Context-I2W / RTIC continue
@@ -44,7 +46,7 @@ import os
 import shutil
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
@@ -262,12 +264,11 @@ def _annotate(path: Path, info: dict) -> dict:
 def prepare(backbone: str = "auto", out: Optional[os.PathLike] = None, parts: Optional[Sequence[str]] = None,
             budget_min: float = 30.0, data: Sequence[str] = (), force: bool = False,
             context_i2w_checkpoint: Optional[str] = None, sha256: Optional[str] = None, device: str = "auto",
-            quiet: bool = False, status: Optional[Status] = None, settings=None) -> List[Row]:
+            quiet: bool = False, status: Optional[Status] = None, *, settings: Settings) -> List[Row]:
     """Makes ``parts`` available for ``backbone``; returns one :class:`Row` per part (see module doc).
-    ``settings`` (default: read now) gives the ``CIS_CHECKPOINTS`` folders searched after ``out``."""
+    ``settings`` (the entry point's) gives the ``CIS_CHECKPOINTS`` folders searched after ``out`` and the
+    prepared-checkpoint folder."""
     from .backbones import create_backbone
-
-    settings = settings or Settings()
 
     t_start = time.perf_counter()  # the budget counts from here: loading the backbone is part of it
     known = prepared_parts()
@@ -283,7 +284,7 @@ def prepare(backbone: str = "auto", out: Optional[os.PathLike] = None, parts: Op
     if context_i2w_checkpoint:
         _check_hex(sha256)
     device = resolve_device(device)
-    bb = create_backbone(backbone, device)
+    bb = create_backbone(backbone, device, settings=settings)
     spec = backbone
     _BB[spec] = bb
     out = Path(out) if out else prepared_dir(settings=settings)  # created by the first checkpoint written into it
@@ -325,7 +326,7 @@ def prepare(backbone: str = "auto", out: Optional[os.PathLike] = None, parts: Op
                             f"{out}` runs"))
     if any(r.part in ("rtic", "context-i2w") and r.source != "failed" for r in rows):
         if deadline - time.perf_counter() >= SUITE_STEP_S:
-            rows.append(_prepare_defaults(bb, out, search, force))
+            rows.append(_prepare_defaults(bb, out, search, force, settings))
         else:  # part of the budget like training; the fallback defaults hold until it runs
             rows.append(Row("defaults", "skipped", error="the budget is spent: the weighted sum and the fallback "
                             "expansion defaults apply until `python -m engine eval generalise --side val --choose "
@@ -382,12 +383,12 @@ def _prepare_anchor(part: str, bb, search: str, out: Path) -> Row:
     return row
 
 
-def _prepare_defaults(bb, out: Path, search: str, force: bool) -> Row:
+def _prepare_defaults(bb, out: Path, search: str, force: bool, settings: Settings) -> Row:
     """The default method and nQE per expander for this backbone, chosen on the validation side of the
-    held-out-domain suite exactly as for the shipped backbone (``engine.eval.generalise.choose_defaults``)."""
+    held-out-domain suite exactly as for the shipped backbone (``engine.eval.generalise.choose_defaults``);
+    ``settings``: prepare's, searching ``search``."""
     t0 = time.perf_counter()
-
-    settings = Settings(checkpoints=search)
+    settings = replace(settings, checkpoints=search)
     found = engine_defaults(bb, settings)
     if found.source and not force:
         return Row("defaults", "existing", found.source, f"method {found.method}")
@@ -476,9 +477,10 @@ def format_table(rows: List[Row]) -> str:
     return "\n".join([head, *lines])
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Optional[Sequence[str]] = None, settings: Optional[Settings] = None) -> int:
+    """The command; ``settings``: read from the environment here, the entry point (a test passes its own)."""
     ap = argparse.ArgumentParser(prog="python -m engine prepare", description=__doc__.split("\n\n")[0])
-    settings = Settings()
+    settings = settings or Settings()
     ap.add_argument("--backbone", default=settings.backbone)
     ap.add_argument("--device", default="auto")
     ap.add_argument("--out", default=None, help="checkpoint folder (default: the prepared-checkpoint cache)")

@@ -18,7 +18,7 @@ from PIL import Image
 
 from .backbones import create_backbone
 from .backbones.base import Backbone
-from .checkpoints import refusals
+from .checkpoints import refusals, search_path
 from .compose import COMPOSERS, Composer, ComposerUnavailable, Query
 from .config import MAX_K, Settings
 from .defaults import engine_defaults
@@ -126,12 +126,12 @@ ImageInput = Union[None, str, Path, bytes, Image.Image, int]
 class SearchEngine:
     """A backbone + a gallery index + the composers and expanders available for them."""
 
-    def __init__(self, backbone: Backbone, index: GalleryIndex, settings: Optional[Settings] = None,
+    def __init__(self, backbone: Backbone, index: GalleryIndex, settings: Settings,
                  models_from: Optional["SearchEngine"] = None):
-        """``models_from``: an engine on the same backbone whose composers and expanders are shared
-        (they hold no gallery state), so a per-session gallery owns only its index."""
+        """``settings``: the entry point's; ``models_from``: an engine on the same backbone whose composers and
+        expanders are shared (they hold no gallery state), so a per-session gallery owns only its index."""
         self.backbone, self.index = backbone, index
-        self.settings = settings or Settings()
+        self.settings = settings
         if index.fingerprint != backbone.fingerprint:
             raise EngineError(
                 f"index built with {index.fingerprint} but the backbone is {backbone.fingerprint}; rebuild the index"
@@ -148,7 +148,7 @@ class SearchEngine:
             return
         self.composers: Dict[str, Composer] = {}
         self.unavailable: Dict[str, str] = {}
-        ckpt = self.settings.checkpoints
+        ckpt = search_path(self.settings)  # the whole search path: the factories take a folder string
         for name in COMPOSERS:
             with refusals() as refused:
                 try:
@@ -495,17 +495,18 @@ def _explain(engine: SearchEngine, results: List[Result], query: Query, qvec: np
         r.explain["composed_score"] = float(v @ qvec)
 
 
-def open_engine(index_dir, backbone: Optional[Backbone] = None, settings: Optional[Settings] = None,
+def open_engine(index_dir, backbone: Optional[Backbone] = None, *, settings: Settings,
                 index_type: Optional[str] = None, models_from: Optional[SearchEngine] = None) -> SearchEngine:
-    """Load an index folder with the backbone it was built with (or the given one)."""
-    settings = settings or Settings()
+    """Load an index folder with the backbone it was built with (or the given one); ``settings``: the entry
+    point's."""
     if str(index_dir) == "gallery":      # the demo's own index (the one `python app.py` builds and serves)
         index_dir = settings.resolved_index_dir()
     if backbone is None:
         meta_backbone = GalleryIndex.load(index_dir, build_vectors=False).meta.get("backbone", "")
         backbone = create_backbone(_backbone_name_for(meta_backbone) or settings.backbone, settings.device,
                                    settings=settings)
-    opts = {"checkpoint_dir": settings.checkpoints, "fingerprint": backbone.fingerprint}
+    opts = {"checkpoint_dir": search_path(settings), "fingerprint": backbone.fingerprint,
+            "memory_budget": settings.index_memory_budget}
     index = GalleryIndex.load(index_dir, expected_fingerprint=backbone.fingerprint, vector_options=opts)
     if index_type and index_type != index.meta.get("index_type"):
         index.attach_vectors(index_type, **opts)

@@ -17,6 +17,7 @@ from typing import Optional
 
 from .backbones import create_backbone
 from .batching import TextBatcher, batch_texts
+from .checkpoints import search_path
 from .config import Settings, cache_dir
 from .errors import IndexLoadError, InputError
 from .index.build import index_source
@@ -32,11 +33,11 @@ log = logging.getLogger(__name__)
 _lock = threading.Lock()
 
 
-def load_default_engine(settings: Optional[Settings] = None, progress=None) -> SearchEngine:
+def load_default_engine(settings: Settings, progress=None) -> SearchEngine:
     """The engine over ``settings.gallery``; (re)builds its index when missing, stale or damaged. Its backbone
     batches the texts of concurrent searches (:func:`batch_concurrent_texts`): every server that loads the
-    engine here (the page, the Gradio API, POST /api/search in app.py) gets it without asking."""
-    settings = settings or Settings()
+    engine here (the page, the Gradio API, POST /api/search in app.py) gets it without asking. ``settings``:
+    the entry point's (app.py, a command's main)."""
     engine = _open_default_engine(settings, progress)
     batch_concurrent_texts(engine, settings)
     return engine
@@ -176,7 +177,7 @@ def sessions_dir() -> Path:
 def session_index_types(base: SearchEngine) -> list:
     """Index types offered for an uploaded gallery: ``auto`` (float vectors: exact flat search, IVF when
     large) and every ``ics-K`` compact binary index with a checkpoint for the live backbone."""
-    return ["auto", *available_ics_types(base.settings.checkpoints, base.backbone.fingerprint,
+    return ["auto", *available_ics_types(search_path(base.settings), base.backbone.fingerprint,
                                          base.backbone.embed_dim)]
 
 
@@ -287,9 +288,8 @@ class SessionStore:
             self._close(key, f"your uploaded gallery was closed after {minutes} minutes without use; "
                              "upload your zip again")
 
-    def sweep(self, settings: Optional[Settings] = None) -> int:
-        """Close expired sessions and delete orphaned session folders older than the time to live."""
-        settings = settings or self.settings or Settings()
+    def sweep(self, settings: Settings) -> int:
+        """Close expired sessions and delete orphaned session folders older than ``settings``' time to live."""
         with self._lock:
             self._expire(settings.session_ttl_s)
             live = {Path(e[0].index.folder).resolve() for e in self._live.values()}

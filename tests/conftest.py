@@ -38,12 +38,13 @@ def gallery_index_dir(packaged):
     the incremental indexer only re-embeds files whose content changed."""
     from engine.config import cache_dir
     from engine.index.build import index_source
+    from engine.config import Settings
 
     from engine.prebuilt import seed_index
 
     out = cache_dir() / "test-gallery-index"
     seed_index(GALLERY, out, packaged)  # the shipped prebuilt embeddings (checked in test_examples_prebuilt.py)
-    index_source(GALLERY, out, packaged)
+    index_source(GALLERY, out, packaged, settings=Settings())
     return out
 
 
@@ -65,6 +66,7 @@ def noise_index(tmp_path):
     from PIL import Image
 
     from engine.index.build import index_source
+    from engine.config import Settings
 
     def make(backbone, n: int, size: int, seed: int):
         src = tmp_path / "imgs"
@@ -73,7 +75,7 @@ def noise_index(tmp_path):
         for i in range(n):
             Image.fromarray(rng.integers(0, 255, (size, size, 3), dtype=np.uint8)).save(src / f"{i:02d}.png")
         out = tmp_path / "idx"
-        index_source(src, out, backbone, workers=0)
+        index_source(src, out, backbone, workers=0, settings=Settings())
         return src, out
 
     return make
@@ -116,11 +118,12 @@ def app_server(gallery_engine, launch_demo):
 
 
 @pytest.fixture()
-def isolated(tmp_path, monkeypatch):
-    """No prepared checkpoints of this machine's cache take part; every checkpoint file is checked afresh."""
+def isolated(tmp_path):
+    """A folder for the test's checkpoints; its Settings name ``isolated / "prepared"`` as the prepared folder
+    (no environment patch), so no prepared checkpoint of this machine's cache takes part. Every checkpoint file
+    is checked afresh."""
     import engine.checkpoints as ckpts
 
-    monkeypatch.setenv("CIS_PREPARED_DIR", str(tmp_path / "prepared"))
     ckpts._VERIFIED.clear()
     yield tmp_path
     ckpts._VERIFIED.clear()

@@ -102,8 +102,10 @@ def test_auto_falls_back_offline_fast(monkeypatch):
     from engine.backbones import factory, openclip  # noqa: F401
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    assert openclip.hub_reachable(timeout=30) is False  # answers at once, without trying the network
-    b = factory.create_backbone("auto", "cpu", cache=False)
+    from engine.config import Settings
+
+    assert openclip.hub_reachable(timeout=30, offline=True) is False  # answers at once, without the network
+    b = factory.create_backbone("auto", "cpu", cache=False, settings=Settings())  # HF_HUB_OFFLINE read here
     assert b.name.startswith("packaged:")
     assert "offline" in b.why
 
@@ -119,7 +121,7 @@ def test_auto_waits_as_long_as_settings_say_and_leaves_the_process_environment_a
     waited = []
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     monkeypatch.setattr(factory, "pretrained_cached", lambda arch, tag: False)
-    monkeypatch.setattr(factory, "hub_reachable", lambda timeout: waited.append(timeout) or False)
+    monkeypatch.setattr(factory, "hub_reachable", lambda timeout, offline: waited.append(timeout) or offline)
     monkeypatch.setenv("CIS_AUTO_TIMEOUT_S", "0.25")
     s = Settings()
     monkeypatch.setenv("CIS_AUTO_TIMEOUT_S", "9")  # read once: a later change does not reach this Settings

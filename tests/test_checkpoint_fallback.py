@@ -18,11 +18,11 @@ PARTS = ["rtic", "context_i2w", "lattqe", "ics-64"]
 
 
 def _engine(gallery_index_dir, packaged, checkpoints):
+    """The engine whose Settings search ``checkpoints`` first, then an empty prepared folder beside it."""
     from engine.config import Settings
     from engine.search import open_engine
 
-    s = Settings()
-    s.checkpoints = str(checkpoints)
+    s = Settings(checkpoints=str(checkpoints), prepared_dir=str(Path(checkpoints).parent / "prepared"))
     return open_engine(gallery_index_dir, backbone=packaged, settings=s)
 
 
@@ -85,10 +85,9 @@ def test_nan_weights_are_refused_with_a_sentence(gallery_index_dir, packaged, is
     assert "image" in eng.composers  # the training-free methods still work
 
 
-def test_prepare_parts_names_an_unknown_part_and_prepares_the_known_one(gallery_engine, isolated, monkeypatch):
+def test_prepare_parts_names_an_unknown_part_and_prepares_the_known_one(gallery_engine, isolated):
     from engine.background import BackgroundPrepare
 
-    monkeypatch.setenv("CIS_CHECKPOINTS", str(BUNDLED))
     bp = BackgroundPrepare(gallery_engine, budget=1.0, parts=["rtic", "bogus"], spec="packaged")
     assert bp.status.state["bogus"] == "unknown"
     bp._run()  # the bundled RTIC checkpoint is found: nothing is trained

@@ -1,7 +1,8 @@
-"""The one record format (engine.checkpoints.make_record / write / find / load / convert): every shipped
-checkpoint loads through the one loader, files of the older formats load or convert, and misfits are refused
-with a message that names the file and says what to do."""
+"""The one record format (engine.checkpoints.make_record / write / find / load): every shipped checkpoint loads
+through the one loader, files of the retired format 1 are refused with the command that retrains them, and
+misfits are refused with a message that names the file and says what to do."""
 import json
+import re
 import subprocess
 import sys
 
@@ -10,18 +11,22 @@ import torch
 from safetensors.torch import save_file
 
 from engine import checkpoints as ck
-from engine.config import ASSETS, ROOT
+from engine.config import ASSETS, ROOT, Settings
 from engine.errors import CheckpointError
 
 
 @pytest.fixture
 def search(tmp_path, monkeypatch):
-    """A search path of one empty folder (no cache, no bundled files interfere with names)."""
+    """A search path of one empty folder (no cache, no bundled files interfere with names): the folder; its
+    Settings (CIS_CHECKPOINTS = the folder, an empty prepared folder) come from :func:`_in`."""
     monkeypatch.setenv("CIS_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.setenv("CIS_PREPARED_DIR", str(tmp_path / "prepared"))
     (tmp_path / "ck").mkdir()
-    monkeypatch.setenv("CIS_CHECKPOINTS", str(tmp_path / "ck"))
     return tmp_path / "ck"
+
+
+def _in(search) -> Settings:
+    """The Settings an entry point would pass to search ``search`` first, with an empty prepared folder."""
+    return Settings(checkpoints=str(search), checkpoints_given=str(search), prepared_dir=str(search.parent / "prepared"))
 
 
 def test_every_shipped_checkpoint_loads_through_the_one_loader():
@@ -43,10 +48,10 @@ def test_record_roundtrip_find_and_refusals(search):
     path = ck.write(search / "lattqe-bb", {"w": torch.ones(2, 4)}, rec)
     assert path.name == "lattqe-bb.safetensors" and json.loads(path.with_suffix(".json").read_text())["part"] == "lattqe"
     assert not [p for p in search.iterdir() if p.name.startswith(".")]  # no temporary file left
-    (hit, record), = ck.find("lattqe", "bb@1", dim=4)
+    (hit, record), = ck.find("lattqe", "bb@1", dim=4, settings=_in(search))
     assert hit == path and record["recipe"] == {"lr": 0.1} and record["val_map"] == 0.5 and record["format"] == 2
-    assert ck.find("lattqe", "bb@1", dim=8) == [] and ck.find("lattqe", "other@2") == []
-    got = ck.load("lattqe", fingerprint="bb@1", dim=4)
+    assert ck.find("lattqe", "bb@1", dim=8, settings=_in(search)) == [] and ck.find("lattqe", "other@2", settings=_in(search)) == []
+    got = ck.load("lattqe", fingerprint="bb@1", dim=4, settings=_in(search))
     assert torch.equal(got.tensors["w"], torch.ones(2, 4))
     with pytest.raises(CheckpointError, match="lattqe-bb.safetensors was trained for backbone"):
         ck.load("lattqe", path, fingerprint="other@2")
@@ -55,7 +60,7 @@ def test_record_roundtrip_find_and_refusals(search):
     with pytest.raises(CheckpointError, match="holds a lattqe checkpoint, not ics"):
         ck.load("ics", path)
     with pytest.raises(CheckpointError, match=r"no ICS checkpoint .* make one with `python -m engine train ics --bits 16`"):
-        ck.load("ics", fingerprint="bb@1", bits=16)
+        ck.load("ics", fingerprint="bb@1", bits=16, settings=_in(search))
     with pytest.raises(ValueError, match="fields of the record"):
         ck.make_record("lattqe", "bb@1", {}, part="ics")
     path.write_bytes(path.read_bytes()[:64])
@@ -113,9 +118,10 @@ def test_an_anchored_rtic_file_saved_again_keeps_weights_anchor_and_figures(sear
     assert back.config == anchor.config and torch.allclose(back.text_bank, bank)
 
 
-def test_rtic_saves_and_loads_through_the_layer_and_reads_its_format_1_files(search):
-    """RTIC writes the record format (make_record + write) and loads any format through ck.load; a file of
-    format 1 (the record only under the "rtic" metadata key, as the shipped files) gives the same weights."""
+def test_rtic_saves_and_loads_through_the_layer_and_refuses_format_1_files(search, caplog):
+    """RTIC writes the record format (make_record + write) and loads it through ck.load; a file of the retired
+    format 1 (the record only under the "rtic" metadata key) is refused with the command that retrains it, and
+    the search passes it over in one log line."""
     from engine.compose.rtic import RTIC, RTICConfig, find_rtic, load_rtic, save_rtic
 
     torch.manual_seed(0)
@@ -130,79 +136,76 @@ def test_rtic_saves_and_loads_through_the_layer_and_reads_its_format_1_files(sea
     plain = search / "rtic-bb.safetensors"
     save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(plain),
               metadata={"rtic": json.dumps(old_record)})
-    loaded, record = load_rtic(plain, "bb@1")
-    assert record["format"] == 1 and record["part"] == "rtic" and record["recipe"] == {"epochs": 2}
-    assert all(torch.equal(a, b) for a, b in zip(loaded.state_dict().values(), model.state_dict().values()))
-    assert [p for p, _ in ck.find("rtic", "bb@1")] == [plain, path] == [p for p, _ in find_rtic("bb@1")]
-    assert [p for p, _ in find_rtic("bb@1", variant="rtic+gcn")] == [path]
-    with pytest.raises(CheckpointError, match="rtic-bb.safetensors was trained for backbone 'bb@1'"):
-        load_rtic(plain, "other@1")
+    refusal = "rtic-bb.safetensors is an older checkpoint format; retrain it with `python -m engine train rtic --data cir`"
+    with pytest.raises(CheckpointError, match=re.escape(refusal)):
+        ck.read_record(plain)
+    with pytest.raises(CheckpointError, match=re.escape(refusal)):
+        load_rtic(plain, "bb@1")
+    assert [p for p, _ in ck.find("rtic", "bb@1", settings=_in(search))] == [path] == [p for p, _ in find_rtic("bb@1", str(search))]
+    assert refusal in caplog.text
+    with pytest.raises(CheckpointError, match="rtic-gcn-bb.safetensors was trained for backbone 'bb@1'"):
+        load_rtic(path, "other@1")
 
 
 def _old_lattqe(folder):
     """A LAttQE file of format 1: kind/fingerprint/config metadata, the record in the JSON sidecar."""
+    from dataclasses import asdict
+
     from engine.expand.lattqe import LAttQEConfig, LAttQEModel
 
     cfg = LAttQEConfig(dim=8, layers=1, heads=1)
     model = LAttQEModel(cfg)
     path = folder / "lattqe-old.safetensors"
-    from dataclasses import asdict
-
     save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(path),
               metadata={"kind": "lattqe", "fingerprint": "bb@1", "config": json.dumps(asdict(cfg))})
     path.with_suffix(".json").write_text(json.dumps({"kind": "lattqe", "fingerprint": "bb@1", "embed_dim": 8,
                                                      "config": asdict(cfg), "weights": path.name,
                                                      "train": {"epochs": 3}, "val_map": 0.3}))
-    return path, model
+    return path
 
 
-def test_old_lattqe_file_loads_and_converts(search):
+def test_old_lattqe_file_is_refused_with_the_command_that_retrains_it(search):
     from engine.expand.lattqe import load_lattqe
 
-    path, model = _old_lattqe(search)
-    record = ck.read_record(path)
-    assert record["format"] == 1 and record["part"] == "lattqe" and record["recipe"] == {"epochs": 3}
-    loaded, _ = load_lattqe(path, fingerprint="bb@1")
+    path = _old_lattqe(search)
+    before = path.read_bytes()
+    refusal = "lattqe-old.safetensors is an older checkpoint format; retrain it with `python -m engine train lattqe`"
+    with pytest.raises(CheckpointError, match=re.escape(refusal)):
+        load_lattqe(path, fingerprint="bb@1")
+    out = subprocess.run([sys.executable, "-m", "engine.checkpoints", "show", str(path)], cwd=ROOT,
+                         capture_output=True, text=True)
+    assert out.returncode == 2 and out.stderr.strip() == refusal and "Traceback" not in out.stderr
+    assert path.read_bytes() == before  # refused, not rewritten
     out = subprocess.run([sys.executable, "-m", "engine.checkpoints", "convert", "lattqe", str(path)], cwd=ROOT,
                          capture_output=True, text=True)
-    assert out.returncode == 0, out.stderr
-    new = ck.read_record(path)
-    assert new["format"] == 2 and new["backbone_fingerprint"] == "bb@1" and new["val_map"] == 0.3
-    again, _ = load_lattqe(path, fingerprint="bb@1")
-    for a, b in zip(loaded.state_dict().values(), again.state_dict().values()):
-        assert torch.equal(a, b)
-    # an old LAttQE file without its sidecar cannot be read: the message says which file
-    (search / "sub").mkdir()
-    path2, _ = _old_lattqe(search / "sub")
-    path2.with_suffix(".json").unlink()
-    with pytest.raises(CheckpointError, match="lattqe-old.safetensors is not a readable checkpoint.*sidecar"):
-        ck.read_record(path2)
+    assert out.returncode == 2 and "invalid choice: 'convert'" in out.stderr  # the converter is gone
 
 
-def test_old_ics_file_loads_and_an_itq_era_file_is_refused(search):
+def test_old_ics_file_is_refused_and_an_itq_era_record_too(search):
     from dataclasses import asdict
 
-    from engine.index.ics import ICSConfig, load_ics
+    from engine.index.ics import HashHead, ICSConfig, load_ics
 
     cfg = ICSConfig(dim=8, bits=16, hidden=8)
-    from engine.index.ics import HashHead
-
     head = HashHead(8, 16, 8, 0.0)
     state = {f"head.{k}": v.contiguous() for k, v in head.state_dict().items()}
     state["centres"] = torch.ones(3, 16)
     path = search / "ics-16-bb.safetensors"
     save_file(state, str(path), metadata={"kind": "ics", "fingerprint": "bb@1", "config": json.dumps(asdict(cfg))})
-    model = load_ics(path, fingerprint="bb@1", dim=8)
-    assert model.bits == 16 and model.record["format"] == 1
-    assert [p for p, _ in ck.find("ics", "bb@1", dim=8, bits=16)] == [path]
-    old = {**asdict(cfg), "locality_bits": 8}
-    save_file(state, str(path), metadata={"kind": "ics", "fingerprint": "bb@1", "config": json.dumps(old)})
+    with pytest.raises(CheckpointError, match=re.escape(
+            "ics-16-bb.safetensors is an older checkpoint format; retrain it with `python -m engine train ics --bits 16`")):
+        load_ics(path, fingerprint="bb@1", dim=8)
+    assert ck.find("ics", "bb@1", dim=8, bits=16, settings=_in(search)) == []
+    ck.write(path, state, ck.make_record("ics", "bb@1", asdict(cfg)))
+    assert load_ics(path, fingerprint="bb@1", dim=8).bits == 16
+    assert [p for p, _ in ck.find("ics", "bb@1", dim=8, bits=16, settings=_in(search))] == [path]
+    ck.write(path, state, ck.make_record("ics", "bb@1", {**asdict(cfg), "locality_bits": 8}))
     with pytest.raises(CheckpointError, match="older version that appended ITQ bits; retrain it"):
         load_ics(path)
 
 
 def test_inventory_lists_each_shipped_file_once_under_its_own_part(search):  # an empty CIS_CHECKPOINTS + prepared
-    listed = [(name, entry.split(" (")[0].split("/")[-1]) for name, entries in ck.inventory().items()
+    listed = [(name, entry.split(" (")[0].split("/")[-1]) for name, entries in ck.inventory(settings=_in(search)).items()
               for entry in entries]
     files = sorted(p.name for p in (ASSETS / "checkpoints").glob("*.safetensors"))
     assert sorted(f for _, f in listed) == files  # every file once: RTIC+GCN's not also under RTIC

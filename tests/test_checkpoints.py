@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from engine import checkpoints as ck
-from engine.config import ASSETS
+from engine.config import ASSETS, Settings
 
 
 def _write(path, record):
@@ -30,14 +30,20 @@ def test_names_follow_part_slug_variant():
     assert ck.file_name("ics-64", "tiny:a@1", "gcn") == "ics-64-tiny-a-gcn.safetensors"
 
 
-def test_search_path_order_env_then_cache_then_bundled(tmp_path, monkeypatch):
+def test_search_path_order_settings_then_cache_then_bundled(tmp_path, monkeypatch):
     a, b = tmp_path / "a", tmp_path / "b"
     monkeypatch.setenv("CIS_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.setenv("CIS_CHECKPOINTS", os.pathsep.join([str(a), str(b)]))
-    dirs = ck.search_dirs()
+    s = Settings(checkpoints_given=os.pathsep.join([str(a), str(b)]), prepared_dir="")  # CIS_CHECKPOINTS=a:b
+    dirs = ck.search_dirs(settings=s)
     assert dirs == [a, b, tmp_path / "cache" / "checkpoints", ASSETS / "checkpoints"]
-    # an explicit folder replaces the environment's; the bundled folder is listed once
-    assert ck.search_dirs(str(ASSETS / "checkpoints")) == [ASSETS / "checkpoints", tmp_path / "cache" / "checkpoints"]
+    # an explicit folder replaces the settings' one; the bundled folder is listed once
+    assert ck.search_dirs(str(ASSETS / "checkpoints"), s) == [ASSETS / "checkpoints", tmp_path / "cache" / "checkpoints"]
+    # without the caller's Settings nothing is read again: the default prepared folder, then the bundled one
+    assert ck.search_dirs() == [tmp_path / "cache" / "checkpoints", ASSETS / "checkpoints"]
+    # what the engine hands a loader: the settings' whole path (CIS_CHECKPOINTS, else the bundled folder, first)
+    s.checkpoints, s.prepared_dir = str(a), str(tmp_path / "prepared")
+    assert ck.search_path(s) == os.pathsep.join(map(str, [a, tmp_path / "prepared", ASSETS / "checkpoints"]))
+    assert ck.search_dirs(ck.search_path(s))[:3] == [a, tmp_path / "prepared", ASSETS / "checkpoints"]
 
 
 def test_resolution_order_and_tie_rule(tmp_path, monkeypatch):
@@ -77,8 +83,7 @@ def test_shipped_packaged_checkpoints_are_found(tmp_path, monkeypatch):
     from engine.expand.lattqe import find_checkpoints as find_lattqe
     from engine.index.ics_index import available_ics_types, find_ics_checkpoints, make_ics_index
 
-    monkeypatch.setenv("CIS_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.setenv("CIS_CHECKPOINTS", str(tmp_path / "empty"))
+    monkeypatch.setenv("CIS_CACHE_DIR", str(tmp_path / "cache"))  # no CIS_CHECKPOINTS: the loaders read no Settings
     fp = ck.read_record(ASSETS / "checkpoints" / "ics-64-packaged-efficientnet-lite0-all-minilm-l6-v2.safetensors")[
         "backbone_fingerprint"]
     dim = 512  # the packaged backbone's visual-channel version: 384 bridge + 128 visual

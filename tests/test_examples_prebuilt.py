@@ -64,6 +64,7 @@ def test_prebuilt_index_matches_the_gallery_and_the_packaged_backbone(packaged, 
 
 def test_first_build_uses_the_prebuilt_index_and_another_backbone_does_not(tmp_path, packaged, tiny, monkeypatch):
     from engine.index.build import index_source
+    from engine.config import Settings
     from engine.index.pipeline import cache_folder
     from engine.prebuilt import seed_index
 
@@ -72,7 +73,7 @@ def test_first_build_uses_the_prebuilt_index_and_another_backbone_does_not(tmp_p
     embedded = []
     real = packaged.encode_images
     monkeypatch.setattr(packaged, "encode_images", lambda x: embedded.append(len(x)) or real(x))
-    index = index_source(GALLERY, out, packaged, workers=0)
+    index = index_source(GALLERY, out, packaged, workers=0, settings=Settings())
     assert embedded == [] and len(index) == len(list(GALLERY.rglob("*.jpg")))  # nothing embedded
     assert all(index.thumb_path(i).exists() for i in range(len(index)))  # the indexer makes the thumbnails
     assert not seed_index(GALLERY, tmp_path / "other", tiny)  # another backbone: embedded as before

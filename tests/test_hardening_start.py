@@ -21,12 +21,15 @@ SLUG = "packaged-efficientnet-lite0-all-minilm-l6-v2"
 
 
 
-def _settings(gallery, index_dir, checkpoints=None):
+def _settings(gallery, index_dir, checkpoints=None, prepared=None):
+    """``prepared``: the prepared-checkpoint folder (the ``isolated`` fixture's, so this machine's cache takes no
+    part)."""
     from engine.config import Settings
 
     s = Settings()
     s.gallery, s.index_dir, s.backbone, s.device = str(gallery), str(index_dir), "packaged", "cpu"
     s.checkpoints = str(checkpoints or BUNDLED)
+    s.prepared_dir = str(prepared or "")
     return s
 
 
@@ -45,7 +48,7 @@ def test_damaged_cache_rows_and_reordered_vectors_are_found_and_rebuilt(small_ga
     from engine.service import load_default_engine, vectors_problem
 
     out = tmp_path / "index"
-    s = _settings(small_gallery, out)
+    s = _settings(small_gallery, out, prepared=isolated / "prepared")
     engine = load_default_engine(s)
     assert vectors_problem(engine) is None
     fingerprint = engine.backbone.fingerprint
@@ -114,9 +117,8 @@ def _copy_with(dst: Path, part: str, edit_record=None, edit_tensors=None) -> Pat
     with safe_open(str(src), framework="pt") as f:
         meta = f.metadata()
         tensors = {k: f.get_tensor(k) for k in f.keys()}
-    record = json.loads(meta[ckpts.RECORD_KEY]) if ckpts.RECORD_KEY in meta else None
-    key = ckpts.RECORD_KEY if record is not None else next(k for k in ("rtic", "context_i2w") if k in meta)
-    record = record if record is not None else json.loads(meta[key])
+    key = ckpts.RECORD_KEY
+    record = json.loads(meta[key])
     if edit_record:
         edit_record(record)
     if edit_tensors:
@@ -152,7 +154,7 @@ def test_a_damaged_rtic_checkpoint_falls_back_to_the_bundled_file(damage, galler
     _copy_with(folder, "rtic", **edits)
     with caplog.at_level(logging.WARNING):
         engine = open_engine(gallery_index_dir, backbone=packaged, settings=_settings(BUNDLED, gallery_index_dir,
-                                                                                      folder))
+                                                                                      folder, isolated / "prepared"))
     assert "rtic" in engine.composers, engine.unavailable
     assert engine.composers["rtic"].record["file"] == f"rtic-{SLUG}.safetensors"
     rtic = engine.composers["rtic"]
@@ -166,6 +168,7 @@ def test_a_damaged_rtic_checkpoint_falls_back_to_the_bundled_file(damage, galler
 @pytest.mark.parametrize("bad", [{"nqe": {"lattqe": "four"}}, {"nqe": [4, 8]}, {"nqe": {"lattqe": 2.5}},
                                  {"nqe_fraction": 1e308}, {"floor": {"lattqe": "high"}}, {"method": ["sum"]}])
 def test_a_damaged_defaults_record_is_ignored_in_one_line(bad, packaged, isolated, caplog):
+    from engine.config import Settings
     from engine.defaults import FALLBACK_FRACTION, engine_defaults, gallery_nqe
 
     folder = isolated / "mine"
@@ -174,11 +177,9 @@ def test_a_damaged_defaults_record_is_ignored_in_one_line(bad, packaged, isolate
               "nqe": {"lattqe": 4}, "nqe_fraction": 0.02, **bad}
     (folder / f"defaults-{SLUG}.json").write_text(json.dumps(record))
 
-    class S:
-        checkpoints = str(folder)
-
+    s = Settings(checkpoints=str(folder), prepared_dir=str(isolated / "prepared"))
     with caplog.at_level(logging.WARNING):
-        d = engine_defaults(packaged, S())
+        d = engine_defaults(packaged, s)
     assert d.evidence != record  # the damaged record is not used (the bundled one, or the fallback, is)
     assert any("ignored" in r.getMessage() for r in caplog.records)
     assert d.nqe_fraction <= 1.0

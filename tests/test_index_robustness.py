@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from engine.config import Settings
 from engine.errors import IndexLoadError
 from engine.index.store import GalleryIndex
 
@@ -71,7 +72,7 @@ def test_damaged_thumbnail_is_rebuilt_by_the_next_run(small_gallery, tiny, tmp_p
 
     out = tmp_path / "idx"
     with caplog.at_level(logging.INFO):
-        index = index_source(small_gallery, out, tiny, workers=0)
+        index = index_source(small_gallery, out, tiny, workers=0, settings=Settings())
     first = [r.getMessage() for r in caplog.records]
     assert not [m for m in first if "repaired" in m or "damaged" in m]  # a first build repairs nothing
     caplog.clear()
@@ -85,7 +86,7 @@ def test_damaged_thumbnail_is_rebuilt_by_the_next_run(small_gallery, tiny, tmp_p
     victim.write_bytes(bytes(damaged))
     (out / "thumbs" / (index.items[5]["sha256"][:20] + ".jpg")).unlink()
     with caplog.at_level(logging.WARNING):
-        index_source(small_gallery, out, tiny, workers=0)
+        index_source(small_gallery, out, tiny, workers=0, settings=Settings())
     assert victim.read_bytes() == good
     assert (out / "thumbs" / (index.items[5]["sha256"][:20] + ".jpg")).is_file()
     assert any("repaired 2 damaged or missing thumbnails" in r.getMessage() for r in caplog.records)

@@ -3,14 +3,19 @@ import json
 
 import pytest
 
+from engine.config import Settings
 from engine.prepare import Row, find_existing, format_table, main, prepare
 
 
 @pytest.fixture
-def empty_checkpoints(tmp_path, monkeypatch):
-    monkeypatch.setenv("CIS_CHECKPOINTS", str(tmp_path / "empty"))
+def empty_checkpoints(tmp_path):
     (tmp_path / "empty").mkdir()
     return tmp_path
+
+
+def _settings(folder) -> Settings:
+    """The Settings of a machine whose CIS_CHECKPOINTS is an empty folder, passed in (no environment patch)."""
+    return Settings(checkpoints=str(folder / "empty"), checkpoints_given=str(folder / "empty"))
 
 
 @pytest.fixture
@@ -35,7 +40,8 @@ def test_prepare_one_composer_alone_on_an_empty_cache_builds_what_it_needs(part,
     assert {"captions", "cir"} <= set(data_needed([part], {}))  # the anchor fit and defaults read the suite
     assert not any(is_built(n) for n in data_needed([part], {}))
     out = empty_checkpoints / "prepared"
-    rc = main(["--backbone", "tiny", "--out", str(out), "--parts", part, "--budget-min", "1", "--force", "--quiet"])
+    rc = main(["--backbone", "tiny", "--out", str(out), "--parts", part, "--budget-min", "1", "--force", "--quiet"],
+              _settings(empty_checkpoints))
     printed = capsys.readouterr().out
     assert rc == 0, printed
     assert all(is_built(n) for n in data_needed([part], {}))
@@ -50,7 +56,7 @@ def test_prepare_tiny_small_budget_writes_found_checkpoints(empty_checkpoints, c
 
     out = empty_checkpoints / "prepared"
     rc = main(["--backbone", "tiny", "--out", str(out), "--parts", "rtic", "--budget-min", "1",
-               "--force", "--quiet"])
+               "--force", "--quiet"], _settings(empty_checkpoints))
     printed = capsys.readouterr().out
     assert rc == 0, printed
     bb = create_backbone("tiny", "cpu")
@@ -63,7 +69,7 @@ def test_prepare_tiny_small_budget_writes_found_checkpoints(empty_checkpoints, c
         assert min(plan["units"].values()) >= 1
         assert f"| {part} | trained | {path.name} |" in printed
     # a second run finds them and trains nothing
-    rows = prepare("tiny", out, ["rtic"], budget_min=1.0, quiet=True)
+    rows = prepare("tiny", out, ["rtic"], budget_min=1.0, quiet=True, settings=_settings(empty_checkpoints))
     assert rows[0].part == "rtic" and rows[0].source == "existing"
 
 
@@ -71,10 +77,11 @@ def test_prepare_refuses_bad_input_before_work(empty_checkpoints):
     from engine.errors import InputError
 
     with pytest.raises(InputError, match="unknown part"):
-        prepare("tiny", empty_checkpoints / "o", ["nope"])
+        prepare("tiny", empty_checkpoints / "o", ["nope"], settings=_settings(empty_checkpoints))
     with pytest.raises(InputError, match="--sha256"):
-        prepare("tiny", empty_checkpoints / "o", ["context-i2w"], context_i2w_checkpoint="x.pt")
+        prepare("tiny", empty_checkpoints / "o", ["context-i2w"], context_i2w_checkpoint="x.pt",
+                settings=_settings(empty_checkpoints))
     with pytest.raises(InputError, match="--data"):
-        prepare("tiny", empty_checkpoints / "o", ["rtic"], data=["bogus"])
+        prepare("tiny", empty_checkpoints / "o", ["rtic"], data=["bogus"], settings=_settings(empty_checkpoints))
     assert not (empty_checkpoints / "o").exists()
     assert "| ics | failed | - | boom | 0 |" in format_table([Row("ics", "failed", error="boom")])

@@ -15,14 +15,11 @@ def test_app_prepares_context_i2w_in_background(tmp_path, monkeypatch, tiny, sma
     from engine.search import open_engine
 
     (tmp_path / "empty").mkdir()
-    monkeypatch.setenv("CIS_PREPARE", "on")
-    monkeypatch.setenv("CIS_PREPARE_PARTS", "context-i2w")
-    monkeypatch.setenv("CIS_PREPARE_BUDGET_MIN", "1")
-    monkeypatch.setenv("CIS_PREPARED_DIR", str(tmp_path / "prepared"))
-    monkeypatch.setenv("CIS_CHECKPOINTS", str(tmp_path / "empty"))
-    s = Settings()
-    s.backbone, s.device = "tiny:tiny-vit-a", "cpu"
-    index_source(small_gallery, tmp_path / "idx", tiny)
+    # the Settings app.py would build from CIS_PREPARE=on, CIS_PREPARE_PARTS, ..., passed in (no environment patch)
+    s = Settings(backbone="tiny:tiny-vit-a", device="cpu", prepare="on", prepare_parts="context-i2w",
+                 prepare_budget_min=1.0, prepared_dir=str(tmp_path / "prepared"),
+                 checkpoints=str(tmp_path / "empty"), checkpoints_given=str(tmp_path / "empty"))
+    index_source(small_gallery, tmp_path / "idx", tiny, settings=s)
     engine = open_engine(tmp_path / "idx", backbone=tiny, settings=s)
     assert "context-i2w" in engine.unavailable
     demo = build_demo(s, engine=engine)

@@ -26,11 +26,12 @@ def served(tmp_path):
 def test_authors_checkpoint_over_http_converts_and_wrong_sha_is_refused(tmp_path, monkeypatch, served, tiny):
     from engine.compose.context_i2w import load_context_i2w
     from engine.errors import InputError
+    from engine.config import Settings
     from engine.prepare import main
 
     root, base = served
     monkeypatch.setenv("CIS_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.setenv("CIS_CHECKPOINTS", str(tmp_path / "empty"))
+    s = Settings(checkpoints=str(tmp_path / "empty"), checkpoints_given=str(tmp_path / "empty"))  # no env patch
     # their key names and shapes at the tiny backbone's sizes (one extractor layer, 8 heads x 64)
     sd = _authors_state(C=tiny.embed_dim, W=tiny.vision_width, OUT=tiny.token_dim, MID=48, depth=1)
     torch.save({"epoch": 3, "state_dict_img2text": {f"module.{k}": v for k, v in sd.items()}}, root / "ci2w.pt")
@@ -39,14 +40,14 @@ def test_authors_checkpoint_over_http_converts_and_wrong_sha_is_refused(tmp_path
     bad_out = tmp_path / "bad"
     with pytest.raises(InputError, match="SHA-256"):
         main(["--backbone", "tiny", "--out", str(bad_out), "--parts", "context-i2w", "--quiet",
-              "--context-i2w-checkpoint", f"{base}/ci2w.pt", "--sha256", "0" * 64])
+              "--context-i2w-checkpoint", f"{base}/ci2w.pt", "--sha256", "0" * 64], s)
     assert not bad_out.exists()
     downloads = tmp_path / "cache" / "downloads"
     assert not downloads.exists() or not any(downloads.iterdir())
 
     out = tmp_path / "out"
     assert main(["--backbone", "tiny", "--out", str(out), "--parts", "context-i2w", "--quiet",
-                 "--context-i2w-checkpoint", f"{base}/ci2w.pt", "--sha256", sha]) == 0
+                 "--context-i2w-checkpoint", f"{base}/ci2w.pt", "--sha256", sha], s) == 0
     (path,) = out.glob("context_i2w-*.safetensors")
     mapper, record = load_context_i2w(path, tiny.fingerprint)
     g = torch.Generator().manual_seed(2)

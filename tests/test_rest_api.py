@@ -48,7 +48,8 @@ def app_engine(app_url, packaged):
     from engine.config import Settings
     from engine.search import open_engine
 
-    return open_engine(Settings().resolved_index_dir(), backbone=packaged)
+    s = Settings()
+    return open_engine(s.resolved_index_dir(), backbone=packaged, settings=s)
 
 
 def _engine_kwargs(q: dict) -> dict:

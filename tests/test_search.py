@@ -2,6 +2,7 @@
 import numpy as np
 import pytest
 
+from engine.config import Settings
 from engine.errors import InputError
 from engine.search import search
 
@@ -151,8 +152,8 @@ def test_leaving_the_reference_out_keeps_a_mirror_image_that_embeds_like_it(pack
     with Image.open(original) as im:
         rgb = im.convert("RGB")
     ImageOps.mirror(rgb).save(small_gallery / "zz-mirror.png")
-    index_source(small_gallery, tmp_path / "idx", packaged, workers=0)
-    engine = open_engine(tmp_path / "idx", backbone=packaged)
+    index_source(small_gallery, tmp_path / "idx", packaged, workers=0, settings=Settings())
+    engine = open_engine(tmp_path / "idx", backbone=packaged, settings=Settings())
     names = [it["path"] for it in engine.index.items]
     orig_id = next(i for i, n in enumerate(names) if n.endswith(original.name))
     mirror_id = next(i for i, n in enumerate(names) if n.endswith("zz-mirror.png"))

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from engine.config import Settings
 from engine.errors import CheckpointError, IndexLoadError, InputError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -294,7 +295,7 @@ def test_index_holding_a_pickle_is_refused_without_running_it(tmp_path, tiny, no
         np.savez(f, hashes=np.array([_Evil()], dtype=object), embeddings=np.zeros((1, 4)), sizes=np.zeros((1, 2)))
     known = read_shards(cache)
     assert len(known) == 3 and not marker.exists()
-    index_source(src, out, tiny, workers=0)  # rebuild over the damaged version
+    index_source(src, out, tiny, workers=0, settings=Settings())  # rebuild over the damaged version
     assert len(GalleryIndex.load(out)) == 3 and not marker.exists()
 
 

@@ -45,6 +45,7 @@ import numpy as np  # noqa: E402
 from PIL import Image  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
+from engine.config import Settings  # noqa: E402
 from engine.data import sources  # noqa: E402
 from engine.data.sources import PhotoRecord  # noqa: E402
 
@@ -557,7 +558,7 @@ def gallery_index(gallery: Path, backbone, work: Path):
     """The gallery indexed with ``backbone`` in ``work`` (incremental: unchanged photos are not embedded again)."""
     from engine.index.build import index_source
 
-    return index_source(gallery, work, backbone)
+    return index_source(gallery, work, backbone, settings=Settings())
 
 
 def embedding_drops(index, max_cosine: float = MAX_COSINE, skip=()) -> Dict[str, str]:

@@ -516,7 +516,7 @@ DAMAGES = ("long CURRENT", "NaN cache row", "reversed cache rows", "garbage thum
 
 
 def run_starts(index_dir: Path, folder: Path, damages=DAMAGES) -> List[dict]:
-    """``python -c 'load_default_engine(); search'`` on a copy of the index (and a checkpoints folder) with one
+    """``python -c 'load_default_engine(Settings()); search'`` on a copy of the index (and a checkpoints folder) with one
     damaged file each: exit code, seconds, the warning lines, whether a search answered."""
     import shutil
 
@@ -744,8 +744,9 @@ def main(argv=None) -> int:
             if not (index_dir / "CURRENT").exists():
                 from engine.backbones import create_backbone
                 from engine.index.build import index_source
+                from engine.config import Settings
 
-                index_source(ROOT / "assets" / "gallery", index_dir, create_backbone("packaged", "cpu"))
+                index_source(ROOT / "assets" / "gallery", index_dir, create_backbone("packaged", "cpu"), settings=Settings())
             out["triplets"] = t = run_triplets(index_dir, args.lines, tmp)
             print(f"eval triplets, {t['lines']} lines: peak RSS {t['peak_mb']} MB against {t['peak_1k_mb']} MB for "
                   f"1000 lines (growth {t['growth_mb']} MB), {t['seconds']} s, exit {t['rc']}, progress bar: "

@@ -51,13 +51,14 @@ def _tiny(spec: str, device: str) -> Backbone:
 
 
 @BACKBONES.register("auto")
-def _auto(spec: str, device: str, timeout: float = 3.0) -> Backbone:
-    """``timeout``: seconds to wait for the hub (``Settings.auto_timeout_s``, passed by :func:`create_backbone`)."""
+def _auto(spec: str, device: str, timeout: float = 3.0, offline: bool = False) -> Backbone:
+    """``timeout``: seconds to wait for the hub, ``offline``: do not try it (``Settings.auto_timeout_s`` and
+    ``hf_hub_offline``, passed by :func:`create_backbone`)."""
     try:
         cached = pretrained_cached(DEFAULT_ARCH, DEFAULT_TAG)
     except Exception:
         cached = False
-    if cached or hub_reachable(timeout):
+    if cached or hub_reachable(timeout, offline):
         try:
             b = _open_clip(f"{DEFAULT_ARCH}/{DEFAULT_TAG}", device)
             b.why = "open_clip weights were " + ("in the local cache" if cached else "downloaded from the hub")
@@ -74,8 +75,9 @@ def _auto(spec: str, device: str, timeout: float = 3.0) -> Backbone:
 
 def create_backbone(name: str = "auto", device: str = "auto", cache: bool = True,
                     settings: Optional[Settings] = None) -> Backbone:
-    """``create_backbone('packaged:lite0')`` etc. Instances are shared per (name, device). ``settings``
-    (read from the environment when not given) supplies ``auto``'s hub timeout."""
+    """``create_backbone('packaged:lite0')`` etc. Instances are shared per (name, device). ``settings`` (the
+    entry point's) supplies ``auto``'s hub timeout and ``HF_HUB_OFFLINE``; without it ``auto`` waits the default
+    3 s for the hub."""
     device = resolve_device(device)
     kind, _, spec = (name or "auto").partition(":")
     key = (name, device)
@@ -87,7 +89,8 @@ def create_backbone(name: str = "auto", device: str = "auto", cache: bool = True
         except KeyError as exc:
             raise EngineError(str(exc)) from None
         if kind == "auto":
-            backbone = factory(spec, device, timeout=(settings or Settings()).auto_timeout_s)
+            hub = {"timeout": settings.auto_timeout_s, "offline": settings.hf_hub_offline} if settings else {}
+            backbone = factory(spec, device, **hub)
         else:
             backbone = factory(spec, device)
         if cache:

@@ -13,7 +13,6 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
-from ..config import Settings
 from ..errors import EngineError
 from .base import Backbone, TextEncoding, bounded_square, hash_state_dict
 
@@ -61,9 +60,10 @@ def _register_tiny_configs():
         open_clip.add_model_config(CONFIG_DIR)
 
 
-def hub_reachable(timeout: float = 2.0) -> bool:
-    """True when the model hub answers a TCP connect within ``timeout`` seconds (never retries)."""
-    if Settings().hf_hub_offline:
+def hub_reachable(timeout: float = 2.0, offline: bool = False) -> bool:
+    """True when the model hub answers a TCP connect within ``timeout`` seconds (never retries); False at once
+    when ``offline`` (``HF_HUB_OFFLINE=1``: the caller's ``Settings.hf_hub_offline``)."""
+    if offline:
         return False
     try:
         with socket.create_connection((HUB_HOST, 443), timeout=timeout):

@@ -17,7 +17,6 @@ from ..compose.context_i2w import (
     count_parameters,
     load_context_i2w,
 )
-from ..config import Settings
 from ..train.context_i2w import SMALL_CONFIG
 from .base import SECTIONS
 
@@ -67,7 +66,7 @@ def section_context_i2w(args=None, ctx=None, n: int = 20) -> Tuple[str, dict]:
         pk = None
         rows.append({"setting": f"packaged backbone unavailable ({exc.__class__.__name__})"})
     if pk is not None:
-        found = find("context-i2w", pk.fingerprint, ((ctx or {}).get("settings") or Settings()).checkpoints)
+        found = find("context-i2w", pk.fingerprint, ctx["settings"].checkpoints)
         if found:
             mapper, rec = load_context_i2w(found[0][0], pk.fingerprint)
             label = f"packaged, shipped checkpoint {rec['file']}"

@@ -10,7 +10,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from ..config import ROOT, Settings, child_environment
+from ..config import ROOT, child_environment
 from ..sysinfo import free_port
 from .base import SECTIONS
 
@@ -39,7 +39,7 @@ def section_startup(args, ctx):
     finally:
         proc.terminate()
         proc.wait(timeout=30)
-    md = (f"`python app.py` on the bundled gallery with `CIS_BACKBONE={(ctx.get('settings') or Settings()).backbone}` (index already built): "
+    md = (f"`python app.py` on the bundled gallery with `CIS_BACKBONE={ctx['settings'].backbone}` (index already built): "
           f"ready after **{ready:.1f} s**, resident memory **{rss / 2**30:.2f} GiB** "
           "(targets: under 60 s, under 4 GB).") if ready else "`python app.py` did not answer within 300 s."
     return md, {"ready_s": ready, "rss_bytes": rss}

@@ -7,7 +7,6 @@ import time
 import torch
 
 from ..backbones import create_backbone
-from ..config import Settings
 from ..loadtest import TEXTS
 from ..sysinfo import load_average
 from .base import SECTIONS
@@ -21,7 +20,7 @@ def section_text_batch(args=None, ctx=None) -> tuple:
     if ctx and ctx.get("engine") is not None:
         backbone = ctx["engine"].backbone
     else:
-        s = (ctx or {}).get("settings") or Settings()
+        s = ctx["settings"]  # the one bench.cli.main built
         backbone = create_backbone(s.backbone, s.device, settings=s)
     encode = backbone.encode_texts
     encode = getattr(encode, "encode", encode)  # the unbatched encoder even where a batcher is installed

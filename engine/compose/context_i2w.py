@@ -28,7 +28,7 @@ return L2-normalised text embeddings, the authors' code fed unnormalised ones, a
 Checkpoints are ``context_i2w-<backbone>.safetensors`` in the one record format of :mod:`engine.checkpoints`
 (:func:`save_context_i2w`, :func:`load_context_i2w`; the record, in the metadata and the ``.json`` sidecar, holds
 the config with the template, the placeholder and its token id, the backbone fingerprint, the recipe and the
-trainer's figures; files of format 1 load the same). :func:`load_authors_checkpoint` maps the authors'
+trainer's figures; files of the older format 1 are refused). :func:`load_authors_checkpoint` maps the authors'
 released ``IM2TEXT_OWM_Attn`` state dict (ViT-L/14) onto :class:`ContextI2WMapper`, weight-norm parameters
 included.
 """
@@ -45,8 +45,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..checkpoints import figures_of, find, load, load_first, make_record, part, write
-from ..config import Settings
+from ..checkpoints import describe_search_path, figures_of, find, load, load_first, make_record, part, write
 from ..errors import CheckpointError, InputError
 from .anchor import Anchor, AnchoredComposer, load_anchor, operation_text, prior_only, split_state
 from .base import COMPOSERS, ComposerUnavailable, Composition, Query, encoded_text, normalise
@@ -547,12 +546,10 @@ class ContextI2WComposer(AnchoredComposer):
 
 def load_context_i2w_composer(backbone, checkpoint_dir=None) -> ContextI2WComposer:
     """The composer for ``backbone`` from the best checkpoint on the search path (engine.checkpoints.find)."""
-    if checkpoint_dir is None:
-        checkpoint_dir = Settings().checkpoints
     found = find("context-i2w", backbone.fingerprint, checkpoint_dir)
     if not found:
-        raise ComposerUnavailable(
-            f"no Context-I2W checkpoint for {backbone.name} in {checkpoint_dir}; {part('context-i2w').train_hint()}")
+        raise ComposerUnavailable(f"no Context-I2W checkpoint for {backbone.name} in "
+                                  f"{describe_search_path(checkpoint_dir)}; {part('context-i2w').train_hint()}")
     def one(path):  # best first; a damaged one is passed over for the next (in the end the bundled file)
         mapper, record = load_context_i2w(path, backbone.fingerprint)
         anchor = load_anchor(path, record)  # CheckpointError naming the file when unreadable

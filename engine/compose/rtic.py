@@ -20,7 +20,7 @@ gallery index lives (gallery vectors are never re-projected).
 
 Checkpoints are ``rtic[-gcn]-<backbone>.safetensors`` files of the one checkpoint layer
 (:mod:`engine.checkpoints`, parts ``rtic`` and ``rtic+gcn``): :func:`save_rtic` writes the record format,
-:func:`load_rtic` / :func:`find_rtic` read any format (the shipped files are of format 1). The composer factory
+:func:`load_rtic` / :func:`find_rtic` read it (older formats are refused). The composer factory
 registered as ``"rtic"`` loads the one matching the live backbone, else raises :class:`ComposerUnavailable`.
 """
 from __future__ import annotations
@@ -34,8 +34,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..checkpoints import figures_of, find, load, load_first, make_record, part, write
-from ..config import Settings
+from ..checkpoints import describe_search_path, figures_of, find, load, load_first, make_record, part, write
 from ..errors import CheckpointError
 from .anchor import Anchor, AnchoredComposer, load_anchor, operation_text, prior_only, split_state
 from .base import COMPOSERS, ComposerUnavailable, Composition, Query, encoded_text, normalise
@@ -201,8 +200,8 @@ def save_rtic(path: os.PathLike, model: RTIC, fingerprint: str, backbone_name: s
 
 
 def load_rtic(path: os.PathLike, fingerprint: Optional[str] = None) -> Tuple[RTIC, dict]:
-    """Loads a model in eval mode through :func:`engine.checkpoints.load` (any format: the shipped files are of
-    format 1); CheckpointError names the file on a fingerprint mismatch or damaged weights (the prior anchor
+    """Loads a model in eval mode through :func:`engine.checkpoints.load` (the record format; an older file is
+    refused); CheckpointError names the file on a fingerprint mismatch or damaged weights (the prior anchor
     stored beside the weights is read by :func:`engine.compose.anchor.load_anchor`)."""
     ck = load("rtic", Path(path).with_suffix(".safetensors"), fingerprint=fingerprint)
     try:
@@ -279,17 +278,16 @@ class RTICComposer(AnchoredComposer):
 
 
 def load_rtic_composer(backbone, checkpoint_dir=None, variant: Optional[str] = None) -> RTICComposer:
-    """Loads the RTIC checkpoint for ``backbone`` from ``checkpoint_dir`` (default: settings).
+    """Loads the RTIC checkpoint for ``backbone`` from ``checkpoint_dir`` (default: the checkpoint layer's search
+    path, :func:`engine.checkpoints.search_dirs`).
 
     ``variant``: ``"rtic"`` or ``"rtic+gcn"`` to pick one; None takes the plain RTIC checkpoint when
     there is one (never chosen by test-split numbers), else the GCN-trained one.
     """
-    if checkpoint_dir is None:
-        checkpoint_dir = Settings().checkpoints
     found = find_rtic(backbone.fingerprint, checkpoint_dir, variant)
     if not found:
         raise ComposerUnavailable(
-            f"no RTIC checkpoint for {backbone.name} in {checkpoint_dir}; {part('rtic').train_hint()}"
+            f"no RTIC checkpoint for {backbone.name} in {describe_search_path(checkpoint_dir)}; {part('rtic').train_hint()}"
         )
     def one(path):  # in the layer's tie rule: search path, plain RTIC first, name; a damaged one passed over
         model, record = load_rtic(path, backbone.fingerprint)

@@ -166,7 +166,7 @@ def main(argv=None) -> int:
 
     t0 = time.time()
     settings = Settings()
-    backbone = create_backbone(args.backbone, args.device)
+    backbone = create_backbone(args.backbone, args.device, settings=settings)
     backbones = [backbone]
 
     try:

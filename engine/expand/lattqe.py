@@ -20,7 +20,7 @@ same model applied to gallery items gives LAttDBA (see :mod:`engine.expand.dba`)
 
 Checkpoints: the one record format of :mod:`engine.checkpoints` (``lattqe-<backbone>.safetensors`` with its
 record in the metadata, ``.json`` sidecar beside it); files of the older format (record only in the sidecar)
-still load. :func:`load_lattqe` refuses a checkpoint made for another backbone fingerprint with a
+are refused with the command that retrains them. :func:`load_lattqe` refuses a checkpoint made for another backbone fingerprint with a
 :class:`~engine.errors.CheckpointError` naming the file.
 """
 from __future__ import annotations
@@ -180,7 +180,7 @@ def save_lattqe(model: LAttQEModel, path: Path, fingerprint: str, extra: Optiona
 
 def load_lattqe(path: Path, fingerprint: Optional[str] = None, device: str = "cpu"
                 ) -> Tuple[LAttQEModel, Dict[str, Any]]:
-    """Loads a checkpoint (either file of the pair, any format) through :func:`engine.checkpoints.load`;
+    """Loads a checkpoint (either file of the pair) through :func:`engine.checkpoints.load`;
     CheckpointError names the file (another backbone, damaged or mismatched weights)."""
     ck = load("lattqe", Path(path).with_suffix(".safetensors"), fingerprint=fingerprint)
     try:

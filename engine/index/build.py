@@ -9,6 +9,7 @@ from typing import Optional
 
 from PIL import Image
 
+from ..checkpoints import search_path
 from ..config import Settings
 from ..errors import InputError
 from ..images import IMAGE_EXTENSIONS, check_header
@@ -18,9 +19,10 @@ from .store import GalleryIndex
 
 
 def index_source(source, out, backbone, index_type: str = "auto", batch_size: int = 32,
-                 workers: Optional[int] = None, settings: Optional[Settings] = None, progress=None,
+                 workers: Optional[int] = None, *, settings: Settings, progress=None,
                  dba: Optional[str] = None, dba_k: int = 16) -> GalleryIndex:
-    settings = settings or Settings()
+    """The index of a folder or a .zip (extracted safely within ``settings``' limits) at ``out``; ``settings``:
+    the entry point's."""
     source, out = Path(source), Path(out)
     if source.is_file() and source.suffix.lower() == ".zip":
         files = out / "files"
@@ -32,7 +34,8 @@ def index_source(source, out, backbone, index_type: str = "auto", batch_size: in
         source = files
     elif not source.is_dir():
         raise InputError(f"{source} is neither a folder nor a .zip archive")
-    opts = {"checkpoint_dir": settings.checkpoints, "fingerprint": backbone.fingerprint}
+    opts = {"checkpoint_dir": search_path(settings), "fingerprint": backbone.fingerprint,
+            "memory_budget": settings.index_memory_budget}
     return build_index(source, out, backbone, index_type=index_type, batch_size=batch_size, workers=workers,
                        progress=progress, max_pixels=settings.max_pixels,
                        max_decode_bytes=int(settings.max_decode_mb * 1e6), vector_options=opts, dba=dba, dba_k=dba_k)

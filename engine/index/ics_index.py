@@ -31,7 +31,6 @@ import numpy as np
 import torch
 
 from ..checkpoints import describe_search_path, find, part
-from ..config import Settings
 from ..errors import CheckpointError, IndexLoadError, InputError
 from ..fileio import atomic_save_npy as _atomic_save_npy
 from ..fileio import atomic_write_text as _atomic_write_text
@@ -367,10 +366,6 @@ class LSHIndex(CompactBinaryIndex):
         super().__init__(dim, LSHHasher(dim, bits, seed), kind=f"lsh-{bits}", **options)
 
 
-def default_checkpoint_dir() -> Path:
-    return Path(Settings().checkpoints)
-
-
 def find_ics_checkpoints(bits: int, checkpoint_dir=None, fingerprint: Optional[str] = None,
                          dim: Optional[int] = None) -> list:
     """[(path, record)] of the ``bits``-bit ICS heads on the search path (engine.checkpoints) made for
@@ -383,7 +378,7 @@ def make_ics_index(bits: int, dim: int, n: int = 0, checkpoint_dir=None, fingerp
                    rerank: int = DEFAULT_RERANK, **options) -> CompactBinaryIndex:
     """Factory behind ``ics-<bits>``: loads the ICS head for the backbone found by the checkpoint layer
     (CheckpointError when missing, damaged, made for another backbone fingerprint or embedding size)."""
-    folder = checkpoint_dir if checkpoint_dir else default_checkpoint_dir()
+    folder = checkpoint_dir or None  # None: the checkpoint layer's search path
     found = find_ics_checkpoints(bits, folder, fingerprint, dim)
     if not found:
         others = find_ics_checkpoints(bits, folder, None, None)
@@ -404,7 +399,7 @@ def make_ics_index(bits: int, dim: int, n: int = 0, checkpoint_dir=None, fingerp
 
 def available_ics_types(checkpoint_dir=None, fingerprint: Optional[str] = None, dim: Optional[int] = None) -> list:
     """The ``ics-K`` index types whose checkpoint exists and fits this backbone (fingerprint, embedding size)."""
-    folder = checkpoint_dir if checkpoint_dir else default_checkpoint_dir()
+    folder = checkpoint_dir or None  # None: the checkpoint layer's search path
     return [f"ics-{bits}" for bits in SUPPORTED_BITS if find_ics_checkpoints(bits, folder, fingerprint, dim)]
 
 

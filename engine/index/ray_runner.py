@@ -65,10 +65,9 @@ def _table_paths(source: Path) -> List[str]:
     return [str(r[col]) for r in ds.select_columns([col]).take_all()]
 
 
-def resolve_inputs(source, out: Path, settings=None) -> Tuple[Path, List[str]]:
+def resolve_inputs(source, out: Path, settings: Settings) -> Tuple[Path, List[str]]:
     """(root folder, sorted relative POSIX paths) for a folder, zip, list file or parquet/CSV of paths.
     Relative paths in a list or table are relative to the file's own folder."""
-    settings = settings or Settings()
     source = Path(source)
     if source.is_dir():
         root = source.resolve()
@@ -171,14 +170,13 @@ def _runtime_env() -> dict:
     return {"py_modules": [str(pkg)], "excludes": ["__pycache__", "*.pyc"], "env_vars": env}
 
 
-def build_index_ray(source, out, backbone, settings=None, address: Optional[str] = None, index_type: str = "auto",
+def build_index_ray(source, out, backbone, settings: Settings, address: Optional[str] = None, index_type: str = "auto",
                     batch_size: int = 32, workers: Optional[int] = None, shard_size: int = 256,
                     vector_options: Optional[dict] = None, dba: Optional[str] = None, dba_k: int = 16,
                     progress=None):
     """Index ``source`` on the Ray cluster at ``address`` (a new local one when None) into ``out``."""
     from tqdm.auto import tqdm
 
-    settings = settings or Settings()
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     root, rel = resolve_inputs(source, out, settings)

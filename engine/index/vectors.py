@@ -8,7 +8,6 @@ from typing import Tuple
 
 import numpy as np
 
-from ..config import Settings
 from ..errors import IndexLoadError, InputError
 from ..fileio import atomic_path
 from ..registry import Registry
@@ -256,8 +255,8 @@ def ivfpq_params(n: int, dim: int, memory_budget=None, rerank=None) -> dict:
 class IVFPQIndex(_FaissIndex):
     """Inverted file + product quantisation for galleries past what float vectors in memory allow.
 
-    Parameters come from :func:`ivfpq_params` (N, dimension, ``memory_budget`` option or the
-    ``CIS_INDEX_MEMORY_BUDGET`` environment variable); any of ``nlist``, ``m``, ``nprobe``, ``rerank`` can be
+    Parameters come from :func:`ivfpq_params` (N, dimension, the ``memory_budget`` option: the entry point
+    passes ``CIS_INDEX_MEMORY_BUDGET`` from its Settings); any of ``nlist``, ``m``, ``nprobe``, ``rerank`` can be
     given as options. The codes are trained on a sample and added in blocks, so building never needs a
     float32 copy of the whole gallery beyond the one it is given. With re-ranking on, the top ``rerank``
     candidates of the PQ search are re-ordered by their exact inner product with the float16 vectors.
@@ -273,7 +272,7 @@ class IVFPQIndex(_FaissIndex):
         self.vectors16 = np.zeros((0, dim), np.float16)
 
     def _set_params(self, n: int) -> None:
-        budget = self.options.get("memory_budget") or Settings().index_memory_budget or None
+        budget = self.options.get("memory_budget") or None  # CIS_INDEX_MEMORY_BUDGET, passed by the entry point
         self.params = ivfpq_params(n, self.dim, budget, self.options.get("rerank"))
         for key in ("nlist", "m", "nprobe", "train_size"):
             if self.options.get(key):

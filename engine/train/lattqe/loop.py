@@ -10,7 +10,6 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from ...config import Settings
 from ...errors import InputError
 from ...eval.expanders import encode_labels, qe_map
 from ...expand.base import l2n
@@ -206,13 +205,14 @@ def choose_floor(model: LAttQEModel, val_x: np.ndarray, val_y: Sequence, cfg: Op
 
 @torch.no_grad()
 def cir_guard(model: LAttQEModel, backbone, max_drop: float, grid: Sequence[float] = FLOOR_GRID,
-              nqe: int = 8, split: str = "val", settings=None) -> Dict:
+              nqe: int = 8, split: str = "val", *, settings) -> Dict:
     """The query-side floors under which composed retrieval on the offline CIR ``split`` (every composer
     with a checkpoint for ``backbone``, as `eval offline` ranks) loses at most ``max_drop`` points of R@10
-    to no expansion. Returns {"allowed": [...], "r10_by_floor": {floor: {composer: [none, lattqe]}}}."""
+    to no expansion. Returns {"allowed": [...], "r10_by_floor": {floor: {composer: [none, lattqe]}}}.
+    ``settings``: the trainer's (its command's main builds it), for the composers' checkpoints."""
     queries, gallery, gemb, pos = cir_tensors(backbone, split)
     ref = torch.from_numpy(gemb[[pos[q["reference"]] for q in queries]])
-    qv = compose_queries(backbone, cir_composers(backbone, settings or Settings())[0], queries, ref)
+    qv = compose_queries(backbone, cir_composers(backbone, settings)[0], queries, ref)
     expander = LAttQEExpander(model)
     saved = model.config.weight_floor
     out, allowed = {}, []
