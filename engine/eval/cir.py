@@ -17,6 +17,7 @@ import torch
 
 from ..compose import COMPOSERS, ComposerUnavailable, Query
 from ..compose.rtic import load_rtic_composer
+from ..checkpoints import search_path
 from ..config import Settings
 from ..data.features import embed_paths
 from ..data.formats import image_path, load_split
@@ -55,7 +56,7 @@ def cir_composers(backbone, settings: Settings):
     composers, skipped = {}, {}
     for name in COMPOSERS:
         try:
-            composers[name] = COMPOSERS.get(name)(backbone, checkpoint_dir=settings.checkpoints)
+            composers[name] = COMPOSERS.get(name)(backbone, checkpoint_dir=search_path(settings))
         except ComposerUnavailable as exc:
             skipped[name] = str(exc)
     composers.update(_variants(backbone, settings))
@@ -153,7 +154,7 @@ def available_expanders(backbone, settings: Settings, skipped: Optional[dict] = 
         if name == "none":
             continue
         try:
-            out[name] = EXPANDERS.get(name)(embed_dim=backbone.embed_dim, checkpoint_dir=settings.checkpoints,
+            out[name] = EXPANDERS.get(name)(embed_dim=backbone.embed_dim, checkpoint_dir=search_path(settings),
                                             fingerprint=backbone.fingerprint)
         except ExpanderUnavailable as exc:
             if skipped is not None:
@@ -165,7 +166,7 @@ def _variants(backbone, settings):
     """Extra checkpoints of registered composers to evaluate side by side (e.g. RTIC trained with GCN)."""
     out = {}
     try:
-        out["rtic+gcn"] = load_rtic_composer(backbone, settings.checkpoints, variant="rtic+gcn")
+        out["rtic+gcn"] = load_rtic_composer(backbone, search_path(settings), variant="rtic+gcn")
     except ComposerUnavailable:
         pass
     return out

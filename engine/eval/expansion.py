@@ -1,13 +1,14 @@
 """Query-expansion section of `python -m engine eval offline`: mAP vs nQE on held-out classes."""
 from __future__ import annotations
 
+from ..checkpoints import search_path
 from ..expand import EXPANDERS, ExpanderUnavailable
 from .expanders import evaluate_expanders, format_table, labelled_features, plot_curves
 
 
 def _lattqe_model(backbone, settings):
     try:
-        return EXPANDERS.get("lattqe")(embed_dim=backbone.embed_dim, checkpoint_dir=settings.checkpoints,
+        return EXPANDERS.get("lattqe")(embed_dim=backbone.embed_dim, checkpoint_dir=search_path(settings),
                                        fingerprint=backbone.fingerprint).model
     except ExpanderUnavailable:
         return None

@@ -19,6 +19,7 @@ import torch
 
 from ..backbones import create_backbone
 from ..backbones.openclip import DEFAULT_ARCH, DEFAULT_TAG, pretrained_cached
+from ..checkpoints import search_path
 from ..config import ROOT, Settings
 from ..defaults import engine_defaults
 from ..fileio import atomic_write_text
@@ -57,7 +58,7 @@ def evaluate_cir(backbone, settings: Settings, split: str = "test", nqe: int = 0
     expanders = available_expanders(backbone, settings, skipped)
     ics = None
     try:
-        ics = create_vector_index(ics_type, backbone.embed_dim, len(gemb), checkpoint_dir=settings.checkpoints,
+        ics = create_vector_index(ics_type, backbone.embed_dim, len(gemb), checkpoint_dir=search_path(settings),
                                   fingerprint=backbone.fingerprint, rerank=ics_rerank)
         ics.build(gemb)
     except Exception as exc:  # no checkpoint for this backbone: flat index only
