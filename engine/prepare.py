@@ -20,10 +20,10 @@ its prior anchor's fit and the defaults step), whichever parts are asked for and
 training, the steps that read the held-out-domain suite run in the budget that is left, each only if some is
 left (at least :data:`SUITE_STEP_S`): the prior anchor of each composer trained (``engine.train.anchor_fit``),
 then the defaults (method, nQE).
-A step the budget leaves out is listed as skipped with the command that runs it. The budget does not bound a
-part's minimum: every part asked for runs its probe and at least one epoch, even after the budget is spent, so
-a run ends within the budget plus up to one probe and one epoch per part plus the last suite step it started
-(docs/deploy.md, "What the budget bounds", has a measured run).
+A step the budget leaves out is listed as skipped with the command that runs it, and so is a part whose turn
+comes after the budget is spent (the first part always runs). The budget does not bound a started part's
+minimum: it runs its probe and at least one epoch, so a run ends within the budget plus one probe and one epoch
+of the last part it started (docs/deploy.md, "What the budget bounds", has a measured run).
 
 Resumable: a finished part is found and skipped on the next run; the plan of an unfinished run is kept in
 ``<cache>/prepare/<slug>/<part>/plan.json`` and reused (no second probe), and Context-I2W / RTIC continue
@@ -305,10 +305,16 @@ def prepare(backbone: str = "auto", out: Optional[os.PathLike] = None, parts: Op
             lacking = [missing[n] for n in data_needs(part) if n in missing]
             if lacking and not (part == "context-i2w" and context_i2w_checkpoint):
                 raise InputError(lacking[0])
-            row = _prepare_part(part, bb, spec, device, out, search, force, sources, small, quiet, deadline,
-                                todo, context_i2w_checkpoint, sha256, status, budget_min)
-            status.state[part] = "available"
-            status.fraction[part] = 1.0
+            if rows and time.perf_counter() >= deadline and (force or find_existing(part, bb, search) is None):
+                # the first part always runs; a later one whose turn comes after the budget is not started
+                row = Row(part, "skipped", error=f"the budget is spent: prepare it with `python -m engine prepare "
+                          f"--parts {part} --budget-min N`")
+                status.state[part], status.error[part] = "failed", row.error
+            else:
+                row = _prepare_part(part, bb, spec, device, out, search, force, sources, small, quiet, deadline,
+                                    todo, context_i2w_checkpoint, sha256, status, budget_min)
+                status.state[part] = "available"
+                status.fraction[part] = 1.0
         except Exception as exc:  # one part failing does not stop the others
 
             if isinstance(exc, ChecksumError):  # the wrong file: refuse the whole run, write nothing
@@ -324,7 +330,7 @@ def prepare(backbone: str = "auto", out: Optional[os.PathLike] = None, parts: Op
             rows.append(Row(f"anchor {part}", "skipped", error="the budget is spent: the composer is used without "
                             f"its prior anchor until `python -m engine train anchor --composer {part} --checkpoints "
                             f"{out}` runs"))
-    if any(r.part in ("rtic", "context-i2w") and r.source != "failed" for r in rows):
+    if any(r.part in ("rtic", "context-i2w") and r.source not in ("failed", "skipped") for r in rows):
         if deadline - time.perf_counter() >= SUITE_STEP_S:
             rows.append(_prepare_defaults(bb, out, search, force, settings))
         else:  # part of the budget like training; the fallback defaults hold until it runs

@@ -85,3 +85,28 @@ def test_prepare_refuses_bad_input_before_work(empty_checkpoints):
         prepare("tiny", empty_checkpoints / "o", ["rtic"], data=["bogus"], settings=_settings(empty_checkpoints))
     assert not (empty_checkpoints / "o").exists()
     assert "| ics | failed | - | boom | 0 |" in format_table([Row("ics", "failed", error="boom")])
+
+
+def test_a_part_whose_turn_comes_after_the_budget_is_skipped_with_its_command(empty_checkpoints, monkeypatch):
+    """The first part always runs; the budget spent, the next part is not started but listed with the command
+    that prepares it, and the steps that need a trained composer are not run for it."""
+    import time
+
+    import engine.prepare as prep
+
+    ran = []
+
+    def fake_part(part, *a, **kw):
+        ran.append(part)
+        time.sleep(0.8)          # longer than the whole budget below
+        return Row(part, "trained", "x.safetensors")
+
+    monkeypatch.setattr(prep, "_prepare_part", fake_part)
+    monkeypatch.setattr(prep, "build_data", lambda parts, sources, quiet: {})
+    monkeypatch.setattr(prep, "_prepare_anchor", lambda *a: pytest.fail("no anchor fit after the budget"))
+    status = prep.Status()
+    rows = prepare("tiny", empty_checkpoints / "o", ["lattqe", "ics"], budget_min=0.01, quiet=True, status=status,
+                   settings=_settings(empty_checkpoints))
+    assert ran == ["lattqe"]
+    assert [(r.part, r.source) for r in rows] == [("lattqe", "trained"), ("ics", "skipped")]
+    assert "python -m engine prepare --parts ics" in rows[1].error and status.state["ics"] == "failed"
