@@ -26,13 +26,14 @@ from .errors import CheckpointError, EngineError, InputError
 from .expand import EXPANDERS, Expander, ExpanderUnavailable
 from .expand.base import Expansion
 from .images import DEFAULT_MAX_BYTES, REFERENCE_SIDE, decode_limits, load_image, read_bytes
+from .index import hubs
 from .index.store import GalleryIndex
 from .share import ReferenceStore
 from .query import SearchRequest
 
 log = logging.getLogger(__name__)
 DEFAULT_NQE = None  # None (or 0): the nQE chosen on validation for the expander, capped by the gallery (engine.defaults)
-SAME_IMAGE_COSINE = 0.9995  # cosine at which a gallery embedding may be the reference itself (float16 storage)
+SAME_IMAGE_COSINE = hubs.IDENTICAL  # cosine at which a gallery embedding may be the reference itself (float16 storage)
 # ... and the least mean cosine of its feature-map cells, place by place, for it to be the same picture: a mirrored,
 # greyed or slightly different picture can embed within SAME_IMAGE_COSINE, its cells do not all agree
 SAME_IMAGE_CELLS = 0.95
@@ -319,8 +320,8 @@ def search(
     timings["search"] = (time.perf_counter() - t) * 1e3
     explanation: Dict[str, Any] = {"composer": comp.explanation}
     if hub and engine.index.hub_density() is not None:
-        explanation["hubs"] = {"weight": hub, "says": "scores are cosines less a penalty for pictures close to "
-                                                      "many others in this gallery"}
+        explanation["hubs"] = {"weight": hub, "says": "ranked by similarity less a small penalty for pictures "
+                                                      "close to many others in this gallery"}
     scores, ids, first_rank = s1, i1, {}
     if expand != "none":
         qvec, scores, ids, first_rank, explanation["expansion"] = _expand(

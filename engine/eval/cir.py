@@ -112,8 +112,9 @@ def rank_queries(qvecs: np.ndarray, queries, gallery, gemb, pos, expanders: Opti
         cand = cand[cand != pos[q["reference"]]]
         targets = {pos[t] for t in q["targets"]}
         vecs = gemb[cand]
-        penalty = hub * density[cand] if hub and density is not None else 0.0
-        first = vecs @ qvecs[qi] - penalty
+        first = vecs @ qvecs[qi]
+        penalty = hubs.penalty(first, density[cand], hub) if hub and density is not None else 0.0
+        first = first - penalty
         if restrict is not None:
             first = np.where(np.isin(cand, restrict[qi]), first, -np.inf)
         for name in ranks:

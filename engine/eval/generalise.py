@@ -43,6 +43,7 @@ from ..data.heldout import is_held_out, words
 from ..data.rules import unit_hash
 from ..data.tone import edited_file
 from ..data.vocabulary import training_texts, training_vocabulary
+from ..index import hubs
 from ..defaults import EngineDefaults, engine_defaults, gallery_nqe, write_defaults
 from .cir import available_expanders, cir_composers, compose_queries, group_density, rank_queries
 from .generalise_open import open_queries
@@ -302,8 +303,9 @@ def suite_hubness(qv: dict, suite: Suite, gemb: np.ndarray, pos: dict, k: int = 
         refs = [col_of.get(pos.get(suite.queries[i]["reference"], -1), -1) for i in sel]
         for name, vecs in qv.items():
             w = (hub or {}).get(name, 0.0)
-            penalty = w * density[cols] if w and density is not None else 0.0
-            out.setdefault(name, {})[g] = hubness(vecs[sel] @ gemb[cols].T - penalty, k, refs)
+            sims = vecs[sel] @ gemb[cols].T
+            penalty = hubs.penalty(sims, density[cols][None], w) if w and density is not None else 0.0
+            out.setdefault(name, {})[g] = hubness(sims - penalty, k, refs)
     return out
 
 
