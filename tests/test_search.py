@@ -66,8 +66,10 @@ def test_search_explain_matches_direct_computation(gallery_engine):
         assert r.explain["text_similarity"] == pytest.approx(float(v @ txt), abs=1e-4)
         assert r.explain["composed_score"] == pytest.approx(float(v @ q), abs=1e-3)
         assert r.score == pytest.approx(r.explain["composed_score"], abs=2e-3)
-    scores = [r.score for r in resp.results]
-    assert scores == sorted(scores, reverse=True)
+    # ordered by the cosine less the hub correction the defaults record chose for the sum (engine.index.hubs)
+    w, dens = eng.defaults.hub_weight_for("sum"), eng.index.hub_density()
+    keys = [r.score - (w * dens[r.id] if w else 0.0) for r in resp.results]
+    assert keys == sorted(keys, reverse=True)
 
 
 def test_bad_inputs_leave_the_engine_working(gallery_engine, tmp_path):
@@ -121,9 +123,10 @@ def test_first_stage_search_runs_once_with_expansion(gallery_engine, monkeypatch
     monkeypatch.undo()
     # the same ranking as a hand-made two-stage search
     q = eng.composers["sum"].compose(_query(eng, 3, "a red one")).vector.astype(np.float32)
-    s1, i1 = eng.index.search(q[None], 16)
+    w = eng.defaults.hub_weight_for("sum")    # the hub correction the page applies to the sum
+    s1, i1 = eng.index.search(q[None], 16, hub_weight=w)
     ex = eng.expanders["aqe"].expand(q, eng.index.embeddings[i1[0]].astype(np.float32), s1[0])
-    _, ids = eng.index.search(ex.vector.astype(np.float32)[None], 5)
+    _, ids = eng.index.search(ex.vector.astype(np.float32)[None], 5, hub_weight=w)
     assert [r.id for r in resp.results] == [int(i) for i in ids[0]]
     first = {int(i): r + 1 for r, i in enumerate(i1[0])}
     assert [r.explain["rank_before_expansion"] for r in resp.results] == [first.get(r.id) for r in resp.results]
