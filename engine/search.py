@@ -320,8 +320,8 @@ def search(
     timings["search"] = (time.perf_counter() - t) * 1e3
     explanation: Dict[str, Any] = {"composer": comp.explanation}
     if hub and engine.index.hub_density() is not None:
-        explanation["hubs"] = {"weight": hub, "says": "ranked by similarity less a small penalty for pictures "
-                                                      "close to many others in this gallery"}
+        explanation["hubs"] = {"weight": hub, "says": "scores are similarities less a small penalty for "
+                                                      "pictures close to many others in this gallery"}
     scores, ids, first_rank = s1, i1, {}
     if expand != "none":
         qvec, scores, ids, first_rank, explanation["expansion"] = _expand(

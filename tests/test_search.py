@@ -60,16 +60,16 @@ def test_search_explain_matches_direct_computation(gallery_engine):
     txt = eng.backbone.encode_texts(["a red apple"]).embeddings[0].numpy()
     q = 0.5 * img.numpy() + 0.5 * txt
     q /= np.linalg.norm(q)
+    w, dens = eng.defaults.hub_weight_for("sum"), eng.index.hub_density()
     for r in resp.results:
         v = eng.index.embeddings[r.id].astype(np.float32)
         assert r.explain["image_similarity"] == pytest.approx(float(v @ img.numpy()), abs=1e-4)
         assert r.explain["text_similarity"] == pytest.approx(float(v @ txt), abs=1e-4)
         assert r.explain["composed_score"] == pytest.approx(float(v @ q), abs=1e-3)
-        assert r.score == pytest.approx(r.explain["composed_score"], abs=2e-3)
-    # ordered by the cosine less the hub correction the defaults record chose for the sum (engine.index.hubs)
-    w, dens = eng.defaults.hub_weight_for("sum"), eng.index.hub_density()
-    keys = [r.score - (w * dens[r.id] if w else 0.0) for r in resp.results]
-    assert keys == sorted(keys, reverse=True)
+        # the score: the cosine less the hub correction the defaults record chose for the sum (engine.index.hubs)
+        assert r.score == pytest.approx(r.explain["composed_score"] - w * dens[r.id], abs=2e-3)
+    scores = [r.score for r in resp.results]
+    assert scores == sorted(scores, reverse=True)
 
 
 def test_bad_inputs_leave_the_engine_working(gallery_engine, tmp_path):

@@ -6,7 +6,7 @@ al., 2018, "Word translation without parallel data"): each item ``g`` gets its *
 
     r(g) = mean of the cosines of g to its kappa nearest other gallery items,
 
-and a query ranks the gallery by ``cos(q, g) - weight * r(g)`` (the scores shown stay the cosines). CSLS's other term, the query's own density,
+and a query ranks the gallery by ``cos(q, g) - weight * r(g)`` (the score a result shows). CSLS's other term, the query's own density,
 is the same for every item of one query, so it does not change that query's ranking and is left out. The
 density is a property of the gallery alone (no labels, no query log), computed once per gallery; the weight
 is chosen per method on the validation side of the held-out-domain suite (``python -m engine eval generalise
@@ -53,13 +53,12 @@ def penalty(scores: np.ndarray, item_density: np.ndarray, weight: float) -> np.n
 
 def corrected(scores: np.ndarray, ids: np.ndarray, item_density: Optional[np.ndarray],
               weight: float) -> Tuple[np.ndarray, np.ndarray]:
-    """(scores, ids) of one first-stage search (Q, K) in the order of ``score - penalty`` (ids -1, the index's
-    padding, last); the scores returned are still the cosines (what a result shows and an expander's floor
-    reads). Unchanged when the weight is 0 or there is no density."""
+    """(scores, ids) of one first-stage search (Q, K) re-sorted by ``score - penalty``, the scores returned
+    (ids -1, the index's padding, last with -inf). Unchanged when the weight is 0 or there is no density."""
     if not weight or item_density is None:
         return scores, ids
     valid = ids >= 0
     dens = item_density[np.where(valid, ids, 0)]
-    key = np.where(valid, scores - penalty(scores, dens, weight), -np.inf)
+    key = np.where(valid, scores - penalty(scores, dens, weight), -np.inf).astype(np.float32)
     order = np.argsort(-key, axis=1, kind="stable")
-    return np.take_along_axis(scores, order, axis=1), np.take_along_axis(ids, order, axis=1)
+    return np.take_along_axis(key, order, axis=1), np.take_along_axis(ids, order, axis=1)
