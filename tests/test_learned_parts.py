@@ -102,8 +102,11 @@ def test_a_toy_part_is_its_module_its_trainer_and_one_spec(toy_part, tiny, tmp_p
     assert comp.gain == 3.0 and np.isclose(np.linalg.norm(vec), 1.0)
     # `python -m engine prepare` lists it, probes it, plans it and trains it within its share of the budget
     assert "toy" in checkpoints.prepared_parts()
+    from engine.config import Settings
+
+    none = str(tmp_path / "none")  # no CIS_CHECKPOINTS folder holds a toy part
     rows = prepare.prepare("tiny:tiny-vit-a", tmp_path / "prepared", ["toy"], budget_min=1.0, device="cpu",
-                           quiet=True)
+                           quiet=True, settings=Settings(checkpoints=none, checkpoints_given=none))
     assert [(r.part, r.source) for r in rows] == [("toy", "trained")], rows
     assert checkpoints.find("toy", tiny.fingerprint, str(tmp_path / "prepared"))
     # the app's status line names it by its label

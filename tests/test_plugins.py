@@ -34,7 +34,7 @@ def test_eval_offline_only_keeps_the_other_sections(tmp_path, monkeypatch):
     from engine.eval import offline
 
     monkeypatch.setitem(offline.OFFLINE_SECTIONS._items, "fake", lambda args, ctx: ("fresh table", {"x": 1}))
-    monkeypatch.setattr(offline, "create_backbone", lambda spec, device: object())
+    monkeypatch.setattr(offline, "create_backbone", lambda spec, device, settings=None: object())
     out = tmp_path / "RESULTS.md"
     out.write_text("# Results\n\nold head\n\n## Composed retrieval (packaged)\n\n| rtic | 70.9 |\n\n"
                    "## fake\n\nstale table\n")
