@@ -26,14 +26,13 @@ from .errors import CheckpointError, EngineError, InputError
 from .expand import EXPANDERS, Expander, ExpanderUnavailable
 from .expand.base import Expansion
 from .images import DEFAULT_MAX_BYTES, REFERENCE_SIDE, decode_limits, load_image, read_bytes
-from .index import hubs
 from .index.store import GalleryIndex
 from .share import ReferenceStore
 from .query import SearchRequest
 
 log = logging.getLogger(__name__)
 DEFAULT_NQE = None  # None (or 0): the nQE chosen on validation for the expander, capped by the gallery (engine.defaults)
-SAME_IMAGE_COSINE = hubs.IDENTICAL  # cosine at which a gallery embedding may be the reference itself (float16 storage)
+SAME_IMAGE_COSINE = 0.9995  # cosine at which a gallery embedding may be the reference itself (float16 storage)
 # ... and the least mean cosine of its feature-map cells, place by place, for it to be the same picture: a mirrored,
 # greyed or slightly different picture can embed within SAME_IMAGE_COSINE, its cells do not all agree
 SAME_IMAGE_CELLS = 0.95

@@ -24,7 +24,7 @@ import numpy as np
 KAPPA = 10
 MAX_ITEMS = 20_000
 POOL = 200  # first-stage candidates re-ranked with the correction (the whole gallery when it is smaller)
-IDENTICAL = 0.9995  # a cosine this high is the query's own picture (engine.search.SAME_IMAGE_COSINE)
+IDENTICAL = 0.99  # a cosine this high is the query's own picture, also when re-encoded after an upload
 
 
 def density(vectors: np.ndarray, kappa: int = KAPPA, chunk: int = 2048) -> np.ndarray:
