@@ -29,6 +29,7 @@ composer's checkpoint (tensors ``anchor.text_bank``, ``anchor.image_bank``) and 
 from __future__ import annotations
 
 import re
+from abc import abstractmethod
 from collections import Counter
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
@@ -242,10 +243,10 @@ class AnchoredComposer(Composer):
     def batchable(self, queries: List[Query]) -> bool:
         return composable(queries)
 
+    @abstractmethod
     def learned_batch(self, chunk: List[Query], image: torch.Tensor, texts: List[str]) -> tuple:
         """((B, D) learned vectors, (B, D) the texts' embeddings or None when the composer did not encode them
         itself) for one chunk; ``image``: the (B, D) reference embeddings."""
-        raise NotImplementedError
 
     @torch.no_grad()
     def compose_many(self, queries: List[Query]) -> List[Composition]:
