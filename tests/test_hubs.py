@@ -107,3 +107,41 @@ def test_the_evaluation_ranks_with_the_same_correction_as_the_search():
     got = rank_queries(qv, [query], gallery, gemb, pos, density=dens, hub=0.4)["none"][0]
     s = gemb[11:] @ qv[0] - 0.4 * dens[11:]                                 # no cosine near 1 here
     assert got == int((s > s[5 - 1]).sum()) + 1
+
+
+def test_the_density_is_saved_with_the_index_and_read_back_not_recomputed(tmp_path, monkeypatch):
+    """The density is computed when an index version is saved (off the first search's path), stored as a
+    checksummed file of the version, and loaded with it; a version without the file computes it on first use."""
+    from engine.errors import IndexLoadError
+    from engine.index import hubs
+    from engine.index.store import DENSITY, GalleryIndex
+
+    x = np.random.default_rng(3).standard_normal((30, 16)).astype(np.float32)
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    items = [{"id": i, "path": f"{i}.jpg", "sha256": f"{i:064x}", "caption": ""} for i in range(len(x))]
+    gi = GalleryIndex(tmp_path / "idx", {"fingerprint": "fp", "source": str(tmp_path), "dim": 16}, items,
+                      x.astype(np.float16))
+    gi.attach_vectors("flat")
+    version = gi.save()
+    want = hubs.density(x.astype(np.float16).astype(np.float32))
+    np.testing.assert_allclose(np.load(version / DENSITY), want, rtol=1e-6)
+    assert DENSITY in (version / "checksums.json").read_text()
+
+    def no_recompute(*a, **k):
+        raise AssertionError("density recomputed although the index holds it")
+
+    monkeypatch.setattr(hubs, "density", no_recompute)
+    loaded = GalleryIndex.load(tmp_path / "idx")
+    np.testing.assert_allclose(loaded.hub_density(), want, rtol=1e-6)
+    q = x[:2] + 0.1
+    np.testing.assert_array_equal(loaded.search(q, 5, hub_weight=0.4)[1],
+                                  hubs.corrected(*loaded.vectors.search(q, 30), want, 0.4)[1][:, :5])
+    # a damaged file of the right checksum cannot happen; one loaded unverified is still checked for its shape
+    np.save(version / DENSITY, want[:-1])
+    with pytest.raises(IndexLoadError, match="density"):
+        GalleryIndex.load(tmp_path / "idx", verify=False)
+    (version / DENSITY).unlink()                                            # an index saved before it existed
+    monkeypatch.undo()
+    old = GalleryIndex.load(tmp_path / "idx", verify=False)
+    assert old._density is None
+    np.testing.assert_allclose(old.hub_density(), want, rtol=1e-6)

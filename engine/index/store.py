@@ -6,6 +6,8 @@ Layout of an index folder::
     v-<stamp>/meta.json     backbone fingerprint, dim, index type, counts, source folder
     v-<stamp>/items.jsonl   one record per image: id, path (relative), sha256, size, caption
     v-<stamp>/embeddings.npy  float16 (N, D), row i belongs to item i
+    v-<stamp>/density.npy   float32 (N,), each item's hub density (engine.index.hubs), computed when the version
+                            is saved (not above hubs.MAX_ITEMS items; an index without it computes it on first use)
     v-<stamp>/vectors.*     the vector index's own files where it keeps any
     thumbs/<sha[:20]>.jpg   thumbnails shared across versions
     cache/<fp-hash>/shard-*.npz  embeddings by content hash (incremental updates, resume)
@@ -68,6 +70,23 @@ def verify_checksums(version: Path) -> None:
         if file_checksum(path) != digest:
             raise IndexLoadError(f"the index file {name} does not match the checksum recorded when it was saved "
                                  f"(damaged or edited); {REBUILD}")
+
+
+DENSITY = "density.npy"
+
+
+def _load_density(path: Path, n: int) -> Optional[np.ndarray]:
+    """The saved hub density of an index version, None when the version has none (saved before it existed, or
+    above hubs.MAX_ITEMS items); IndexLoadError when it is there but not N finite numbers."""
+    if not path.is_file():
+        return None
+    try:
+        dens = np.load(path, allow_pickle=False)
+    except (OSError, ValueError, EOFError) as exc:
+        raise IndexLoadError(f"index file {path} is damaged ({exc}); rebuild the index") from None
+    if dens.shape != (n,) or not np.issubdtype(dens.dtype, np.floating) or not np.isfinite(dens).all():
+        raise IndexLoadError(f"index file {path} does not hold one finite density per item; rebuild the index")
+    return dens.astype(np.float32)
 
 
 @dataclass
@@ -161,8 +180,8 @@ class GalleryIndex:
         return s[:, :k], i[:, :k]
 
     def hub_density(self) -> Optional[np.ndarray]:
-        """(N,) each item's density (``engine.index.hubs.density``), computed on first use; None for a
-        gallery above ``hubs.MAX_ITEMS`` items."""
+        """(N,) each item's density (``engine.index.hubs.density``): the one saved with the index version, else
+        computed on first use; None for a gallery above ``hubs.MAX_ITEMS`` items."""
         if self._density is None and 0 < len(self) <= hubs.MAX_ITEMS:
             self._density = hubs.density(self.vectors_f32())
         return self._density
@@ -185,6 +204,10 @@ class GalleryIndex:
         self.meta.update(format=FORMAT_VERSION, count=len(self.items), dim=int(self.embeddings.shape[1]))
         with open(tmp / "embeddings.npy", "wb") as f:
             np.save(f, np.ascontiguousarray(self.embeddings, dtype=np.float16), allow_pickle=False)
+        if 0 < len(self) <= hubs.MAX_ITEMS:  # computed here, once per version, not on the first search
+            self._density = hubs.density(self.vectors_f32())
+            with open(tmp / DENSITY, "wb") as f:
+                np.save(f, self._density.astype(np.float32), allow_pickle=False)
         (tmp / "items.jsonl").write_text("".join(json.dumps(it, ensure_ascii=False) + "\n" for it in self.items))
         if self.vectors is not None:
             self.vectors.save(tmp)
@@ -260,7 +283,7 @@ class GalleryIndex:
                 f"is {expected_fingerprint!r}; rebuild it: python -m engine index <images> --out {folder} "
                 f"--backbone <name>"
             )
-        index = cls(folder, meta, items, embeddings)
+        index = cls(folder, meta, items, embeddings, _density=_load_density(version / DENSITY, len(items)))
         if build_vectors:
             index.attach_vectors(meta.get("index_type", "auto"), **(vector_options or {}), _version=version)
         return index
