@@ -145,3 +145,37 @@ def test_the_density_is_saved_with_the_index_and_read_back_not_recomputed(tmp_pa
     old = GalleryIndex.load(tmp_path / "idx", verify=False)
     assert old._density is None
     np.testing.assert_allclose(old.hub_density(), want, rtol=1e-6)
+
+
+def test_the_hub_weight_is_chosen_on_the_gallery_of_distinct_photos():
+    """choose_hub scores each weight on the suite's category gallery (distinct photos, like a page's gallery), not
+    on the edited-version galleries, where a weight that helps here can hurt there; each score is recorded."""
+    from engine.compose.auto import overall_of_ranks
+    from engine.eval.cir import group_density
+    from engine.eval.generalise import HUB_GRID, Suite, choose_hub, rank_suite
+
+    e = np.eye(8)
+    near = lambda *parts: _unit(np.sum(parts, axis=0)[None])[0]  # noqa: E731
+    # each gallery: a reference, a dense cluster around e1 (its centre: "1"), a lone picture on e2 ("5"), fillers
+    rows = {"0": e[0], "1": e[1], "2": near(e[1], 0.3 * e[3]), "3": near(e[1], 0.3 * e[4]), "4": near(e[1], 0.3 * e[5]),
+            "5": e[2], "6": e[6], "7": e[7], "8": near(e[6], e[7]), "9": near(e[0], e[6])}
+    gallery = [{"image": f"{g}:{k}", "gallery": g} for g in ("category", "attribute") for k in rows]
+    gemb = np.stack([rows[g["image"].split(":")[1]] for g in gallery]).astype(np.float32)
+    pos = {g["image"]: i for i, g in enumerate(gallery)}
+    q = lambda g, target, kind: {"reference": f"{g}:0", "targets": [f"{g}:{target}"], "gallery": g, "kind": kind}  # noqa: E731
+    queries = [q("category", "1", "category"), q("category", "5", "category"), q("attribute", "5", "tint"),
+               q("attribute", "5", "bw")]
+    suite = Suite("val", queries, {}, {"category": [g["image"] for g in gallery[:10]],
+                                       "attribute": [g["image"] for g in gallery[10:]]})
+    kinds = np.array([x["kind"] for x in queries])
+    between = near(e[1], 0.9 * e[2])          # closer to the dense cluster's centre than to the lone picture
+    vectors = {"hurt": np.stack([between, e[2], between, between]),   # its category answer is a dense picture
+               "helped": np.stack([e[1], between, between, between])}  # its category answer is the lone one
+    ev = {"suite_obj": suite, "kinds": kinds, "density": group_density(gallery, gemb), "tensors": (gallery, gemb, pos),
+          "vectors": vectors}
+    chosen = choose_hub(ev)
+    assert chosen["hurt"] == 0.0 and chosen["helped"] > 0.0
+    whole = {w: overall_of_ranks(rank_suite(vectors["hurt"], suite, gallery, gemb, pos, hub=w, density=ev["density"]),
+                                 kinds) for w in HUB_GRID}
+    assert max(whole, key=whole.get) > 0.0     # the whole suite would have chosen a weight for "hurt"
+    assert ev["hub_grid"]["hurt"]["0"] == 100.0 and ev["hub_grid"]["hurt"]["0.6"] < 100.0

@@ -354,9 +354,12 @@ def choose(backbone, settings: Settings, ev: dict, expander_grid: bool = True) -
     if auto:
         chosen.update(routes=auto["routes"], auto_val_cross_fitted=round(auto["cross_fitted"], 2))
         routed = routed_vectors(ev["vectors"], ev["classes"], auto["routes"])
-        hub["auto"] = choose_hub({**ev, "vectors": {"auto": routed}})["auto"]
+        auto_ev = {**ev, "vectors": {"auto": routed}, "hub_grid": {}}
+        hub["auto"] = choose_hub(auto_ev)["auto"]
+        ev["hub_grid"].update(auto_ev["hub_grid"])
     chosen["hub_weight"] = {n: w for n, w in sorted(hub.items()) if w}
     chosen["hub_val"] = ev["hub_val"]
+    chosen["hub_grid_val"] = {HUB_GALLERY: ev.get("hub_grid", {})}
     if not expander_grid:
         kept = engine_defaults(backbone, settings)
         # how many validation queries of the chosen method each expander moves at the kept values (the page
@@ -388,17 +391,30 @@ HUB_GRID = (0.0, 0.1, 0.2, 0.3, 0.4, 0.6)
 HUB_TIE = 0.1  # a larger weight must beat a smaller one by more than this (overall points) to be chosen
 
 
+HUB_GALLERY = "category"  # the suite's gallery of distinct photos: the shape of a gallery the page searches
+
+
 def choose_hub(ev: dict) -> Dict[str, float]:
     """{method: hub correction weight} (engine.index.hubs): per method, the weight of :data:`HUB_GRID` with the
-    best overall score on the validation side ``ev``; a larger weight only when it is more than
-    :data:`HUB_TIE` better (0, no correction, wins ties)."""
+    best score on the validation side's gallery of distinct photos (:data:`HUB_GALLERY`); a larger weight only
+    when it is more than :data:`HUB_TIE` better (0, no correction, wins ties).
+
+    Not on the whole suite: its attribute and open galleries hold every photo in several edited versions, tight
+    clusters a page's gallery does not have, and most of the correction's gain there comes from those clusters
+    (with near-duplicates left out of the density most of the gain went), while on the gallery of distinct photos
+    the correction lowered the learned composers and text only. ``ev["hub_grid"]`` is filled with each method's
+    score there at every weight (the record's ``hub_grid_val``)."""
     suite, kinds, density = ev["suite_obj"], ev["kinds"], ev.get("density")
     gallery, gemb, pos = ev["tensors"]
-    out = {}
+    sel = [i for i, q in enumerate(suite.queries) if q["gallery"] == HUB_GALLERY]
+    queries = [suite.queries[i] for i in sel]
+    out, grid = {}, ev.setdefault("hub_grid", {})
     for name, vecs in ev["vectors"].items():
         best_w, best = 0.0, -1.0
         for w in HUB_GRID:
-            score = overall_of_ranks(rank_suite(vecs, suite, gallery, gemb, pos, hub=w, density=density), kinds)
+            ranks = rank_queries(vecs[sel], queries, gallery, gemb, pos, density=density, hub=w)["none"]
+            score = overall_of_ranks(ranks, kinds[sel])
+            grid.setdefault(name, {})[f"{w:g}"] = round(score, 2)
             if score > best + (HUB_TIE if w else 0.0):
                 best_w, best = w, score
         out[name] = best_w
