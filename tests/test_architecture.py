@@ -284,13 +284,9 @@ def test_no_test_sets_a_checkpoint_folder_variable():
 # Settings() built below the entry points (app.py, engine/cli.py, a command's main() or its argument parser):
 # each should take the Settings its caller built. What is left, per file; the test fails on a new one and when
 # one is gone (lower the count here). Issue #34, item 3.
-SETTINGS_BELOW_ENTRY = {
-    # the offline data sets' source folders (Tux Paint, GCompris, Twemoji, Fashion-MNIST) and their progress bars,
-    # read when a data set is built: ensure_built() is reached from the trainers and evaluations without a Settings
-    "engine/data/sources.py": 2, "engine/data/builders/common.py": 1, "engine/data/fashion_mnist.py": 1,
-    "engine/data/twemoji.py": 1,
-    "engine/images.py": 1,  # the process-wide decode budget, sized once on first use (#35)
-}
+# file -> Settings() still built below the entry points; none now (the decode budget and the offline sets' sources are
+# configured by the entry points: images.configure, data.locations.configure): keep it so
+SETTINGS_BELOW_ENTRY: dict = {}
 ENTRY_FUNCTIONS = {"main", "_parser", "_settings"}
 
 
