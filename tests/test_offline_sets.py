@@ -485,3 +485,18 @@ def test_ensure_built_builds_only_what_is_missing_from_the_given_sources_with_pr
     monkeypatch.setattr(locations, "_configured", given)
     builders.ensure_built("captions")  # none given: what the entry point configured
     assert built == [("captions", replace(given, progress=True))]
+
+
+def test_prepare_builds_the_sets_from_its_callers_settings(monkeypatch, tmp_path):
+    # a running app's background prepare passes the app's Settings: the sets are built from its folders, not
+    # from whatever this process configured last
+    from engine import prepare
+    from engine.config import Settings
+    from engine.data import locations
+
+    seen = []
+    monkeypatch.setattr(builders, "ensure_built", lambda name, sources=None: seen.append((name, sources)))
+    monkeypatch.setattr(locations, "_configured", locations.DataSources())
+    given = locations.DataSources.from_settings(Settings(twemoji_dir=str(tmp_path / "tw"), progress=False))
+    assert prepare.build_data(["rtic"], {}, quiet=True, data_sources=given) == {}
+    assert seen and all(sources.twemoji_dir == str(tmp_path / "tw") for _, sources in seen)
