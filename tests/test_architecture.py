@@ -321,6 +321,19 @@ def test_no_new_settings_below_the_entry_points():
     assert not fewer, f"fewer Settings() than listed now, lower SETTINGS_BELOW_ENTRY: {fewer}"
 
 
+def test_every_entry_point_that_reads_the_settings_sizes_the_decode_budget():
+    # the budget is process-wide and reads no environment itself: an entry point that builds a Settings and
+    # forgets images.configure would decode within the default whatever CIS_DECODE_BUDGET_MB says
+    def builds_settings(text):
+        return any(isinstance(n, ast.Call) and getattr(n.func, "id", None) == "Settings" and not n.args
+                   and not n.keywords for n in ast.walk(ast.parse(text)))
+
+    texts = {_rel(path): path.read_text(encoding="utf-8") for path in SOURCES}
+    missing = [rel for rel, text in texts.items()
+               if builds_settings(text) and not re.search(r"images\.configure\(|configure_decoding\(", text)]
+    assert not missing, f"call engine.images.configure(settings) where the Settings is built: {missing}"
+
+
 def test_child_environment_copies_filters_and_overrides(monkeypatch):
     from engine.config import child_environment, set_default_environment
 

@@ -28,6 +28,7 @@ from pathlib import Path
 from dataclasses import replace
 from typing import Callable, Optional, Sequence
 
+from ... import images
 from ...config import Settings
 from ...errors import EngineError, InputError
 from ..formats import (
@@ -153,7 +154,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parser.parse_args(argv)
     try:
         if args.cmd == "build":
-            sources = replace(configure(Settings()), progress=True)  # this command is an entry point
+            settings = Settings()  # this command is an entry point: the sources' folders, the decode budget
+            images.configure(settings)
+            sources = replace(configure(settings), progress=True)
             manifests = build(args.only, force=args.force, seed=args.seed, sources=sources)
         else:
             names = [args.only] if args.only else list(DATASET_NAMES)
