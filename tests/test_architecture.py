@@ -334,6 +334,31 @@ def test_every_entry_point_that_reads_the_settings_sizes_the_decode_budget():
     assert not missing, f"call engine.images.configure(settings) where the Settings is built: {missing}"
 
 
+def test_every_entry_point_that_can_build_a_data_set_configures_its_sources():
+    # the offline sets are built where they are first needed, from engine.data.locations: an entry point that
+    # reaches the builders (imports followed, lazy ones too) and builds a Settings must configure them from it
+    graph, modules = layers.module_graph(ROOT), layers._modules(ROOT)
+    readers = {"engine.data.builders", "engine.data.fashion_mnist", "engine.data.twemoji", "engine.data.sources"}
+
+    def reaches(module):
+        seen, todo = set(), [module]
+        while todo:
+            for nxt in graph.get(todo.pop(), {}):
+                if nxt not in seen:
+                    seen.add(nxt)
+                    todo.append(nxt)
+        return seen & readers
+
+    missing = []
+    for module, path in modules.items():
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        builds = any(isinstance(n, ast.Call) and getattr(n.func, "id", None) == "Settings" and not n.args
+                     and not n.keywords for n in ast.walk(tree))
+        if builds and reaches(module) and "locations.configure(" not in path.read_text(encoding="utf-8"):
+            missing.append(module)
+    assert not missing, f"call engine.data.locations.configure(settings) where the Settings is built: {missing}"
+
+
 def test_child_environment_copies_filters_and_overrides(monkeypatch):
     from engine.config import child_environment, set_default_environment
 

@@ -40,7 +40,8 @@ from ..formats import (
     load_manifest,
     write_json,
 )
-from ..locations import DataSources, configure, configured
+from .. import locations
+from ..locations import DataSources, configured
 from .captions import build_captions
 from .cir import build_cir
 from .common import (
@@ -156,7 +157,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if args.cmd == "build":
             settings = Settings()  # this command is an entry point: the sources' folders, the decode budget
             images.configure(settings)
-            sources = replace(configure(settings), progress=True)
+            sources = replace(locations.configure(settings), progress=True)
             manifests = build(args.only, force=args.force, seed=args.seed, sources=sources)
         else:
             names = [args.only] if args.only else list(DATASET_NAMES)
