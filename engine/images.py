@@ -230,6 +230,8 @@ def configure(settings) -> None:
     (``decode_budget_mb``, CIS_DECODE_BUDGET_MB). Called once where the Settings is built (app.py, the CLIs,
     each command's ``main``); a process that never calls it decodes within ``DEFAULT_DECODE_BUDGET``."""
     BUDGET.resize(settings.decode_budget_mb)
+
+
 HEAP_MMAP_THRESHOLD = 1 << 20
 
 

@@ -24,8 +24,8 @@ import shutil
 import sys
 import tempfile
 import time
-from pathlib import Path
 from dataclasses import replace
+from pathlib import Path
 from typing import Callable, Optional, Sequence
 
 from ... import images
