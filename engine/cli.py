@@ -31,7 +31,10 @@ def _add_backbone(p):
 
 
 def _settings(args):
+    from . import images  # Pillow, which `info` does not need
+
     s = Settings()
+    images.configure(s)  # the process-wide decode budget (CIS_DECODE_BUDGET_MB)
     if getattr(args, "backbone", None):
         s.backbone = args.backbone
     if getattr(args, "device", None):

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence
 
 from .backbones import create_backbone
+from . import images
 from .config import Settings
 from .errors import EngineError, InputError
 from .labels import expand_label, method_label
@@ -229,6 +230,7 @@ def main(argv=None) -> int:
     p.add_argument("--device", default=None)
     args = p.parse_args(argv)
     s = Settings()
+    images.configure(s)
     if args.backbone:
         s.backbone = args.backbone
     if args.device:

@@ -3,7 +3,9 @@
 This module is the only one that reads the environment (tests/test_architecture.py enforces it): every
 variable of the project is a field of :class:`Settings` and has its doc line in :data:`ENV_DOCS`; the
 environment handed to child processes is built by :func:`child_environment`. Entry points (app.py, the CLI,
-each trainer's ``main``) build one ``Settings()`` and pass it down.
+each trainer's ``main``) build one ``Settings()`` and pass it down; the two process-wide values are set from it
+there too: the decode budget (``engine.images.configure``) and the offline sets' source folders
+(``engine.data.locations.configure``).
 """
 from __future__ import annotations
 
@@ -144,7 +146,7 @@ def resolve_device(device: str = "auto") -> str:
 
 # -- the environment of child processes and of this process -------------------------------------------------
 # The only other places that touch os.environ: what a subprocess inherits and defaults set before a library
-# reads them (Gradio's analytics switch, the data builders' progress bars). Reads go through Settings.
+# reads them (Gradio's analytics switch). Reads go through Settings.
 
 
 def child_environment(only_prefixes=None, **overrides: str) -> dict:

@@ -17,7 +17,6 @@ from typing import Optional, Union
 
 from PIL import Image, UnidentifiedImageError
 
-from .config import Settings
 from .errors import InputError
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".webp", ".bmp", ".tif", ".tiff", ".gif")
@@ -185,24 +184,24 @@ def decode_cost(size: tuple, mode: str, fmt: Optional[str], side: int = WORKING_
 class DecodeBudget:
     """Bytes of decoding in flight, process-wide: a decode reserves its cost (:func:`decode_cost`) before it
     starts and returns it when done; one that does not fit waits, then is refused in one sentence. A cost
-    over the whole budget is reserved as the whole budget (the decode runs alone). ``capacity`` None: the
-    settings' ``decode_budget_mb`` (CIS_DECODE_BUDGET_MB), read at the first decode."""
+    over the whole budget is reserved as the whole budget (the decode runs alone). ``capacity`` None:
+    ``DEFAULT_DECODE_BUDGET`` until the entry point sizes it from its Settings (:func:`configure`)."""
 
     def __init__(self, capacity: Optional[int] = None):
-        self._capacity = None if capacity is None else max(1, int(capacity))
+        self.capacity = DEFAULT_DECODE_BUDGET if capacity is None else max(1, int(capacity))
         self.used = 0
         self._cond = threading.Condition()
 
-    @property
-    def capacity(self) -> int:
-        if self._capacity is None:
-
-            try:
-                mb = float(Settings().decode_budget_mb)
-            except (TypeError, ValueError):
-                mb = 0.0
-            self._capacity = int(mb * 1e6) if mb > 0 and mb < 1e9 else DEFAULT_DECODE_BUDGET
-        return self._capacity
+    def resize(self, mb) -> None:
+        """Sets the capacity to ``mb`` megabytes (a value that is not a positive number below 1e9:
+        ``DEFAULT_DECODE_BUDGET``); decodes in flight keep what they hold, waiting ones see the new size."""
+        try:
+            mb = float(mb)
+        except (TypeError, ValueError):
+            mb = 0.0
+        with self._cond:
+            self.capacity = int(mb * 1e6) if 0 < mb < 1e9 else DEFAULT_DECODE_BUDGET
+            self._cond.notify_all()
 
     @contextmanager
     def hold(self, cost: int, wait_s: Optional[float] = None):
@@ -224,6 +223,15 @@ class DecodeBudget:
 
 
 BUDGET = DecodeBudget()
+
+
+def configure(settings) -> None:
+    """Sizes the process-wide decode budget from the entry point's :class:`engine.config.Settings`
+    (``decode_budget_mb``, CIS_DECODE_BUDGET_MB). Called once where the Settings is built (app.py, the CLIs,
+    each command's ``main``); a process that never calls it decodes within ``DEFAULT_DECODE_BUDGET``."""
+    BUDGET.resize(settings.decode_budget_mb)
+
+
 HEAP_MMAP_THRESHOLD = 1 << 20
 
 

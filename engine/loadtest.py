@@ -43,7 +43,7 @@ from urllib.parse import urlparse
 
 from .config import ROOT, Settings, child_environment
 from .errors import InputError
-from .images import IMAGE_EXTENSIONS
+from .images import IMAGE_EXTENSIONS, configure as configure_decoding
 from .sysinfo import free_port, load_average
 
 TEXTS = ["the same but red", "as a dog", "at night", "a bigger one", "a photo of a cat", "in the snow",
@@ -479,6 +479,7 @@ def main(argv=None, engine=None) -> int:
     if args.clients < 1 or args.duration <= 0 or args.warmup < 0:
         raise InputError("--clients must be >= 1, --duration > 0 and --warmup >= 0")
     settings = Settings()
+    configure_decoding(settings)  # the compute limit is measured in this process, under app.py's decode budget
     images = gallery_images(args.images or settings.gallery)
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     routes = [r.strip() for r in args.routes.split(",") if r.strip()]

@@ -52,7 +52,9 @@ from typing import Dict, List, Optional, Sequence
 
 from .checkpoints import PARTS as CHECKPOINT_PARTS
 from .checkpoints import file_name, find, prepared_dir, prepared_parts, read_record, slug
+from . import images
 from .config import Settings, resolve_device
+from .data import locations
 from .data.formats import build_command
 from .defaults import engine_defaults
 from .errors import EngineError, InputError
@@ -296,7 +298,7 @@ def prepare(backbone: str = "auto", out: Optional[os.PathLike] = None, parts: Op
     small = device != "cuda" and budget_min < 120
     rows: List[Row] = []
     todo = list(parts)
-    missing = build_data(parts, sources, quiet)
+    missing = build_data(parts, sources, quiet, data_sources=locations.DataSources.from_settings(settings))
     while todo:
         part = todo.pop(0)
         t0 = time.perf_counter()
@@ -351,8 +353,10 @@ def data_needed(parts: Sequence[str], sources: Dict[str, str]) -> List[str]:
     return names
 
 
-def build_data(parts: Sequence[str], sources: Dict[str, str], quiet: bool = False) -> Dict[str, str]:
-    """Builds (once, counted in the budget) every offline set the asked-for parts need. Returns {set: sentence}
+def build_data(parts: Sequence[str], sources: Dict[str, str], quiet: bool = False,
+               data_sources: Optional[locations.DataSources] = None) -> Dict[str, str]:
+    """Builds (once, counted in the budget) every offline set the asked-for parts need, from ``data_sources``
+    (the caller's Settings: a running app's background prepare passes its own). Returns {set: sentence}
     for each set that could not be built: the sentence names the command that builds it and why it is needed
     (the parts that need it then fail with it; the others go on)."""
     from .data.builders import ensure_built
@@ -361,7 +365,7 @@ def build_data(parts: Sequence[str], sources: Dict[str, str], quiet: bool = Fals
     for name in data_needed(parts, sources):
         try:
             with contextlib.redirect_stderr(io.StringIO()) if quiet else contextlib.nullcontext():
-                ensure_built(name)
+                ensure_built(name, sources=data_sources)
         except Exception as exc:
             users = ", ".join(p for p in parts if name in data_needs(p)) or "the defaults step"
             missing[name] = (f"the offline data set {name!r} that {users} needs could not be built "
@@ -487,6 +491,8 @@ def main(argv: Optional[Sequence[str]] = None, settings: Optional[Settings] = No
     """The command; ``settings``: read from the environment here, the entry point (a test passes its own)."""
     ap = argparse.ArgumentParser(prog="python -m engine prepare", description=__doc__.split("\n\n")[0])
     settings = settings or Settings()
+    images.configure(settings)
+    locations.configure(settings)
     ap.add_argument("--backbone", default=settings.backbone)
     ap.add_argument("--device", default="auto")
     ap.add_argument("--out", default=None, help="checkpoint folder (default: the prepared-checkpoint cache)")

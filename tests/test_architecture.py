@@ -284,13 +284,9 @@ def test_no_test_sets_a_checkpoint_folder_variable():
 # Settings() built below the entry points (app.py, engine/cli.py, a command's main() or its argument parser):
 # each should take the Settings its caller built. What is left, per file; the test fails on a new one and when
 # one is gone (lower the count here). Issue #34, item 3.
-SETTINGS_BELOW_ENTRY = {
-    # the offline data sets' source folders (Tux Paint, GCompris, Twemoji, Fashion-MNIST) and their progress bars,
-    # read when a data set is built: ensure_built() is reached from the trainers and evaluations without a Settings
-    "engine/data/sources.py": 2, "engine/data/builders/common.py": 1, "engine/data/fashion_mnist.py": 1,
-    "engine/data/twemoji.py": 1,
-    "engine/images.py": 1,  # the process-wide decode budget, sized once on first use (#35)
-}
+# file -> Settings() still built below the entry points; none now (the decode budget and the offline sets' sources are
+# configured by the entry points: images.configure, data.locations.configure): keep it so
+SETTINGS_BELOW_ENTRY: dict = {}
 ENTRY_FUNCTIONS = {"main", "_parser", "_settings"}
 
 
@@ -323,6 +319,44 @@ def test_no_new_settings_below_the_entry_points():
     assert not more, f"take the caller's Settings instead of building one: {more}"
     fewer = {k: v for k, v in SETTINGS_BELOW_ENTRY.items() if sites.get(k, 0) < v}
     assert not fewer, f"fewer Settings() than listed now, lower SETTINGS_BELOW_ENTRY: {fewer}"
+
+
+def test_every_entry_point_that_reads_the_settings_sizes_the_decode_budget():
+    # the budget is process-wide and reads no environment itself: an entry point that builds a Settings and
+    # forgets images.configure would decode within the default whatever CIS_DECODE_BUDGET_MB says
+    def builds_settings(text):
+        return any(isinstance(n, ast.Call) and getattr(n.func, "id", None) == "Settings" and not n.args
+                   and not n.keywords for n in ast.walk(ast.parse(text)))
+
+    texts = {_rel(path): path.read_text(encoding="utf-8") for path in SOURCES}
+    missing = [rel for rel, text in texts.items()
+               if builds_settings(text) and not re.search(r"images\.configure\(|configure_decoding\(", text)]
+    assert not missing, f"call engine.images.configure(settings) where the Settings is built: {missing}"
+
+
+def test_every_entry_point_that_can_build_a_data_set_configures_its_sources():
+    # the offline sets are built where they are first needed, from engine.data.locations: an entry point that
+    # reaches the builders (imports followed, lazy ones too) and builds a Settings must configure them from it
+    graph, modules = layers.module_graph(ROOT), layers._modules(ROOT)
+    readers = {"engine.data.builders", "engine.data.fashion_mnist", "engine.data.twemoji", "engine.data.sources"}
+
+    def reaches(module):
+        seen, todo = set(), [module]
+        while todo:
+            for nxt in graph.get(todo.pop(), {}):
+                if nxt not in seen:
+                    seen.add(nxt)
+                    todo.append(nxt)
+        return seen & readers
+
+    missing = []
+    for module, path in modules.items():
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        builds = any(isinstance(n, ast.Call) and getattr(n.func, "id", None) == "Settings" and not n.args
+                     and not n.keywords for n in ast.walk(tree))
+        if builds and reaches(module) and "locations.configure(" not in path.read_text(encoding="utf-8"):
+            missing.append(module)
+    assert not missing, f"call engine.data.locations.configure(settings) where the Settings is built: {missing}"
 
 
 def test_child_environment_copies_filters_and_overrides(monkeypatch):

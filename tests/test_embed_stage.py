@@ -5,6 +5,7 @@ cluster), so the settings it hands its actors are checked where Ray is not insta
 import numpy as np
 from PIL import Image
 
+from engine import images
 from engine.config import Settings
 from engine.index import ray_runner
 from engine.index.pipeline import build_index, embed_stage
@@ -79,8 +80,10 @@ def test_ray_and_local_runners_share_the_stage_and_its_decode_limit(tiny, tmp_pa
     monkeypatch.setattr(ray_runner, "_ray", lambda: _Ray)
     root = _images(tmp_path / "imgs", big=True)
     settings = Settings()
-    settings.backbone, settings.max_decode_mb = "tiny:tiny-vit-a", 10.0
+    settings.backbone, settings.max_decode_mb, settings.decode_budget_mb = "tiny:tiny-vit-a", 10.0, 50.0
+    monkeypatch.setattr(images, "BUDGET", images.DecodeBudget())
     ray_index = ray_runner.build_index_ray(root, tmp_path / "ray", tiny, settings, shard_size=3)
+    assert images.BUDGET.capacity == 50_000_000  # the actor decodes within the driver's CIS_DECODE_BUDGET_MB
     local = build_index(root, tmp_path / "local", tiny, workers=0, max_decode_bytes=10_000_000)
     assert sorted(it["path"] for it in ray_index.items) == sorted(it["path"] for it in local.items)
     assert "big.png" not in {it["path"] for it in ray_index.items}

@@ -75,6 +75,23 @@ def test_concurrent_decodes_share_one_budget(monkeypatch):
     assert budget.used == 0
 
 
+def test_the_entry_point_sizes_the_decode_budget_from_its_settings(monkeypatch):
+    # the budget reads no environment: it is the default until the entry point passes its Settings
+    from engine.config import Settings
+
+    budget = images.DecodeBudget()
+    monkeypatch.setattr(images, "BUDGET", budget)
+    monkeypatch.setenv("CIS_DECODE_BUDGET_MB", "7")
+    assert budget.capacity == images.DEFAULT_DECODE_BUDGET  # the variable alone changes nothing
+    settings = Settings()
+    settings.decode_budget_mb = 12.5
+    images.configure(settings)
+    assert budget.capacity == 12_500_000
+    settings.decode_budget_mb = "nonsense"
+    images.configure(settings)
+    assert budget.capacity == images.DEFAULT_DECODE_BUDGET
+
+
 def test_a_decode_larger_than_the_budget_runs_alone_rather_than_never():
     budget = images.DecodeBudget(1000)
     with budget.hold(5000):

@@ -421,10 +421,10 @@ def test_loader_errors(cache):
 
 
 def _real_twemoji_dir():
-    import os
+    from engine.config import Settings
 
-    env = os.environ.get(twemoji.ENV_DIR)
-    path = Path(env) if env else twemoji.default_package_dir()
+    given = Settings().twemoji_dir  # what an entry point would configure (CIS_TWEMOJI_DIR)
+    path = Path(given) if given else twemoji.default_package_dir()
     return path if (path / "emoji.json").is_file() else None
 
 
@@ -443,3 +443,60 @@ def test_real_twemoji_package():
     groups = twemoji.variant_groups(emojis)
     hair_splits = {splits[groups[e.src]] for e in edges if e.kind == "hair"}
     assert hair_splits == {"train", "val", "test"}
+
+
+# ----------------------------------------------------------------------------------------------
+# where the sources are: the entry point's Settings, never the environment read below it
+
+
+def test_the_sources_come_from_the_entry_points_settings_not_the_environment(tmp_path, monkeypatch):
+    from engine.config import Settings
+    from engine.data import locations, sources
+
+    monkeypatch.setattr(locations, "_configured", locations.DataSources())
+    for var in ("CIS_TWEMOJI_DIR", "CIS_FASHION_MNIST_DIR", "CIS_TUXPAINT_STAMPS", "CIS_GCOMPRIS_RCC"):
+        monkeypatch.setenv(var, str(tmp_path / "env"))
+    monkeypatch.setenv("CIS_PROGRESS", "1")
+    # the variables alone change nothing: library code reads what the entry point configured
+    assert sources.tuxpaint_dir() == Path(locations.TUXPAINT_STAMPS)
+    assert sources.gcompris_rcc_dir() == Path(locations.GCOMPRIS_RCC)
+    assert fashion_mnist.data_dir() == Path(fashion_mnist.DEFAULT_DIR)
+    assert not locations.configured().progress
+    locations.configure(Settings())  # what an entry point does with the Settings it built
+    assert sources.tuxpaint_dir() == tmp_path / "env" and sources.gcompris_rcc_dir() == tmp_path / "env"
+    assert fashion_mnist.data_dir() == tmp_path / "env" and locations.configured().progress
+    with pytest.raises(InputError, match="without emoji.json"):
+        twemoji.package_dir(install=False)  # the configured Twemoji folder, checked
+    assert fashion_mnist.data_dir(tmp_path / "given") == tmp_path / "given"  # an explicit folder wins
+
+
+def test_ensure_built_builds_only_what_is_missing_from_the_given_sources_with_progress_bars(monkeypatch):
+    from dataclasses import replace
+
+    from engine.data import locations
+
+    built = []
+    monkeypatch.setattr(builders, "is_built", lambda name: name == "cir")
+    monkeypatch.setattr(builders, "build", lambda name, seed, sources: built.append((name, sources)))
+    given = locations.DataSources(tuxpaint_stamps="/elsewhere/stamps")
+    builders.ensure_built("cir", "captions", sources=given)
+    assert built == [("captions", replace(given, progress=True))]
+    built.clear()
+    monkeypatch.setattr(locations, "_configured", given)
+    builders.ensure_built("captions")  # none given: what the entry point configured
+    assert built == [("captions", replace(given, progress=True))]
+
+
+def test_prepare_builds_the_sets_from_its_callers_settings(monkeypatch, tmp_path):
+    # a running app's background prepare passes the app's Settings: the sets are built from its folders, not
+    # from whatever this process configured last
+    from engine import prepare
+    from engine.config import Settings
+    from engine.data import locations
+
+    seen = []
+    monkeypatch.setattr(builders, "ensure_built", lambda name, sources=None: seen.append((name, sources)))
+    monkeypatch.setattr(locations, "_configured", locations.DataSources())
+    given = locations.DataSources.from_settings(Settings(twemoji_dir=str(tmp_path / "tw"), progress=False))
+    assert prepare.build_data(["rtic"], {}, quiet=True, data_sources=given) == {}
+    assert seen and all(sources.twemoji_dir == str(tmp_path / "tw") for _, sources in seen)

@@ -102,7 +102,7 @@ def test_a_part_whose_turn_comes_after_the_budget_is_skipped_with_its_command(em
         return Row(part, "trained", "x.safetensors")
 
     monkeypatch.setattr(prep, "_prepare_part", fake_part)
-    monkeypatch.setattr(prep, "build_data", lambda parts, sources, quiet: {})
+    monkeypatch.setattr(prep, "build_data", lambda parts, sources, quiet, data_sources=None: {})
     monkeypatch.setattr(prep, "_prepare_anchor", lambda *a: pytest.fail("no anchor fit after the budget"))
     status = prep.Status()
     rows = prepare("tiny", empty_checkpoints / "o", ["lattqe", "ics"], budget_min=0.01, quiet=True, status=status,

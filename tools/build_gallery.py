@@ -46,7 +46,8 @@ from PIL import Image  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 from engine.config import Settings  # noqa: E402
-from engine.data import sources  # noqa: E402
+from engine import images  # noqa: E402
+from engine.data import locations, sources  # noqa: E402
 from engine.data.sources import PhotoRecord  # noqa: E402
 
 MAX_SIDE = 512
@@ -727,6 +728,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = ap.parse_args(argv)
     from engine.backbones import create_backbone
     from engine.config import cache_dir
+
+    settings = Settings()  # this tool is an entry point: the photo packages' folders and the decode budget
+    images.configure(settings)
+    locations.configure(settings)
 
     work = cache_dir() / "build-gallery-index"   # incremental: re-running embeds only changed photos
     backbone = create_backbone("packaged", "cpu")

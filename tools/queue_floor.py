@@ -38,12 +38,14 @@ def main(argv=None) -> int:
     from demo.formatting import explanation_markdown, gallery_items
     from demo.launch import serve_in_process
     from demo.ui import allowed_paths
+    from engine import images
     from engine.config import Settings
     from engine.loadtest import gallery_images, run_load
     from engine.search import search
     from engine.service import load_default_engine
 
     settings = Settings()
+    images.configure(settings)  # the decode budget app.py sets
     engine = load_default_engine(settings)
     r = search(engine, image=0, text="at night", k=12, explain=True, exclude_reference=True)  # gallery item 0
     reply = (gallery_items(engine, r), explanation_markdown(r), json.dumps(r.to_json(), indent=2),

@@ -13,10 +13,10 @@ from typing import Union
 
 import numpy as np
 
-from ..config import Settings
 from ..errors import InputError
+from .locations import FASHION_MNIST_DIR, configured
 
-DEFAULT_DIR = "/usr/share/datasets/fashion-mnist"  # where the Debian package installs the files
+DEFAULT_DIR = FASHION_MNIST_DIR  # where the Debian package installs the files
 ENV_DIR = "CIS_FASHION_MNIST_DIR"
 DEBIAN_PACKAGE = "dataset-fashion-mnist"
 LICENCE = "MIT (Zalando Research, Fashion-MNIST)"
@@ -74,13 +74,14 @@ def read_idx(path: Union[str, os.PathLike]) -> np.ndarray:
     return parse_idx(raw, path.name)
 
 
-def data_dir() -> Path:
-    """Folder with the Fashion-MNIST IDX files (``$CIS_FASHION_MNIST_DIR`` or the Debian location)."""
-    return Path(Settings().fashion_mnist_dir or DEFAULT_DIR)
+def data_dir(folder: Union[str, os.PathLike, None] = None) -> Path:
+    """Folder with the Fashion-MNIST IDX files: ``folder``, else the one the entry point configured
+    (``CIS_FASHION_MNIST_DIR``, :mod:`engine.data.locations`), else the Debian location."""
+    return Path(folder or configured().fashion_mnist_dir or DEFAULT_DIR)
 
 
-def available() -> bool:
-    d = data_dir()
+def available(folder: Union[str, os.PathLike, None] = None) -> bool:
+    d = data_dir(folder)
     return all(_find(d, stem) is not None for pair in FILES.values() for stem in pair)
 
 
@@ -91,11 +92,11 @@ def _find(folder: Path, stem: str):
     return None
 
 
-def load(split: str) -> tuple[np.ndarray, np.ndarray]:
+def load(split: str, folder: Union[str, os.PathLike, None] = None) -> tuple[np.ndarray, np.ndarray]:
     """Images ``uint8 [N, 28, 28]`` and labels ``int64 [N]`` of the ``train`` (60k) or ``test`` (10k) file."""
     if split not in FILES:
         raise InputError(f"Fashion-MNIST split must be 'train' or 'test', not {split!r}")
-    folder = data_dir()
+    folder = data_dir(folder)
     paths = [_find(folder, stem) for stem in FILES[split]]
     if any(p is None for p in paths):
         raise InputError(

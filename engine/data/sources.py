@@ -29,9 +29,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
-from ..config import Settings, cache_dir
+from ..config import cache_dir
 from ..errors import EngineError, InputError
 from ..fileio import atomic_write_bytes as _atomic_write
+from .locations import configured
 
 TUXPAINT_PACKAGE = "tuxpaint-stamps-default"
 GCOMPRIS_PACKAGE = "gcompris-qt-data"
@@ -39,15 +40,16 @@ SALEOR_VERSION = "2.10.1"
 RASTER_EXTENSIONS = (".png", ".jpg", ".jpeg", ".webp", ".gif", ".bmp")
 
 
-def tuxpaint_dir(settings: Optional[Settings] = None) -> Path:
-    """The Tux Paint stamps folder: the Debian install location unless CIS_TUXPAINT_STAMPS points elsewhere (read
-    when asked, never at import)."""
-    return Path((settings or Settings()).tuxpaint_stamps or "/usr/share/tuxpaint/stamps")
+def tuxpaint_dir() -> Path:
+    """The Tux Paint stamps folder the entry point configured: the Debian install location unless
+    CIS_TUXPAINT_STAMPS points elsewhere (:mod:`engine.data.locations`)."""
+    return Path(configured().tuxpaint_stamps)
 
 
-def gcompris_rcc_dir(settings: Optional[Settings] = None) -> Path:
-    """The GCompris resource folder: the Debian install location unless CIS_GCOMPRIS_RCC points elsewhere."""
-    return Path((settings or Settings()).gcompris_rcc or "/usr/share/gcompris-qt/rcc")
+def gcompris_rcc_dir() -> Path:
+    """The GCompris resource folder the entry point configured: the Debian install location unless
+    CIS_GCOMPRIS_RCC points elsewhere."""
+    return Path(configured().gcompris_rcc)
 
 
 class SourceMissingError(EngineError):

@@ -22,8 +22,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from ..config import Settings, cache_dir
+from ..config import cache_dir
 from ..errors import EngineError, InputError
+from .locations import configured
 
 PACKAGE = "emoji-datasource-twitter"
 VERSION = "16.0.0"
@@ -107,11 +108,12 @@ def default_package_dir() -> Path:
     return PROJECT_NPM / "node_modules" / PACKAGE
 
 
-def package_dir(install: bool = True) -> Path:
-    """Folder of the installed package (``$CIS_TWEMOJI_DIR`` or the cache); installs it with npm if allowed."""
-    env = Settings().twemoji_dir.strip()
-    if env:
-        path = Path(env)
+def package_dir(install: bool = True, folder: Optional[str] = None) -> Path:
+    """Folder of the installed package: ``folder``, else the one the entry point configured
+    (``CIS_TWEMOJI_DIR``, :mod:`engine.data.locations`), else the cache; installs it with npm if allowed."""
+    given = str(configured().twemoji_dir if folder is None else folder).strip()
+    if given:
+        path = Path(given)
         if not (path / "emoji.json").is_file():
             raise InputError(f"{ENV_DIR} points to a folder without emoji.json ({path.name})")
         return path

@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import sys
 
+from .. import images
 from ..config import Settings
+from ..data import locations
 
 
 def main(argv=None) -> int:
@@ -31,4 +33,6 @@ def main(argv=None) -> int:
     from .official import main as official_main
 
     s = Settings()
+    images.configure(s)
+    locations.configure(s)
     return official_main(argv, backbone=lambda: create_backbone(s.backbone, s.device, settings=s))

@@ -437,7 +437,10 @@ def main(argv=None) -> int:
             raise InputError("--alpha must be between 0 and 1")
         if not Path(args.index).is_dir():
             raise InputError(f"index folder {args.index} does not exist")
+        from .. import images  # Pillow, which the module does not load at its top
+
         s = Settings()
+        images.configure(s)
         if args.checkpoints:
             s.checkpoints = args.checkpoints
         lines = count_lines(args.queries)  # also refuses a missing or unreadable file before the engine loads

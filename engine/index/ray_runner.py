@@ -33,6 +33,7 @@ import numpy as np
 from ..backbones import create_backbone
 from ..config import Settings, child_environment
 from ..errors import InputError
+from .. import images
 from ..images import sha256_file
 from . import shards
 from .pipeline import assemble_index, embed_stage
@@ -117,7 +118,9 @@ class ShardEmbedder:
     """Loads the backbone once per actor; each call embeds whole shards and writes their files."""
 
     def __init__(self, backbone: str, fingerprint: str, device: str, root: str, folder: str, thumbs: str, max_pixels: int,
-                 max_decode_bytes: int, batch_size: int):
+                 max_decode_bytes: int, batch_size: int, decode_budget_mb: float = 0.0):
+        if decode_budget_mb:
+            images.BUDGET.resize(decode_budget_mb)  # the actor's process decodes within the driver's budget
         self.backbone = create_backbone(backbone, device)
         if self.backbone.fingerprint != fingerprint:  # e.g. "auto" resolved differently on this node
             raise RuntimeError(f"worker backbone {self.backbone.fingerprint} differs from the driver's {fingerprint}")
@@ -207,7 +210,7 @@ def build_index_ray(source, out, backbone, settings: Settings, address: Optional
                                        "device": device, "root": str(root), "folder": str(folder),
                                        "thumbs": str(out / "thumbs"), "max_pixels": settings.max_pixels,
                                        "max_decode_bytes": int(settings.max_decode_mb * 1e6),
-                                       "batch_size": batch_size})
+                                       "decode_budget_mb": settings.decode_budget_mb, "batch_size": batch_size})
             total = sum(len(s["paths"].split("\n")) for s in todo)
             bar = tqdm(total=total, desc=f"indexing on Ray ({n_actors} {'GPU' if gpus else 'CPU'} actors)",
                        unit="img", disable=progress is not None)

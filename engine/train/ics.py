@@ -33,6 +33,7 @@ import torch
 from torch.nn import functional as F
 
 from ..config import Settings, resolve_device
+from ..data import locations
 from ..data.formats import image_path, load_split
 from ..errors import InputError
 from ..eval.metrics import approximate_recall, exact_top_ids, map_at_n
@@ -487,6 +488,11 @@ def _load_sources(args) -> Tuple[np.ndarray, List[List[str]], np.ndarray, List[L
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = _parser().parse_args(list(argv) if argv is not None else None)
+    from .. import images  # Pillow, which the module does not load at its top
+
+    settings = Settings()  # the entry point's settings: the decode budget and the offline sets' sources
+    images.configure(settings)
+    locations.configure(settings)
     if args.threads:
         torch.set_num_threads(args.threads)
     try:
@@ -503,7 +509,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     top = args.top or min(1000, len(db_x))
     out_dir = args.out
     if out_dir is None:
-        out_dir = Path(Settings().checkpoints)
+        out_dir = Path(settings.checkpoints)
     base = {f.name: getattr(args, f.name) for f in fields(ICSConfig)
             if f.name not in ("dim", "bits", "num_labels", "centre_strategy")}
     summary = []

@@ -24,10 +24,12 @@ import shutil
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
-from ...config import set_default_environment
+from ... import images
+from ...config import Settings
 from ...errors import EngineError, InputError
 from ..formats import (
     DATASET_NAMES,
@@ -38,6 +40,8 @@ from ..formats import (
     load_manifest,
     write_json,
 )
+from .. import locations
+from ..locations import DataSources, configured
 from .captions import build_captions
 from .cir import build_cir
 from .common import (
@@ -110,19 +114,22 @@ def is_built(name: str) -> bool:
             and manifest.get("own_recipe") == own)
 
 
-def ensure_built(*names: str, seed: int = DEFAULT_SEED) -> None:
+def ensure_built(*names: str, seed: int = DEFAULT_SEED, sources: Optional[DataSources] = None) -> None:
     """The explicit build step of the CLIs that read offline sets: builds (with progress bars) the sets
-    that are missing or were built with another recipe; quick when all are current."""
+    that are missing or were built with another recipe; quick when all are current. ``sources``: where the
+    inputs are (default: what the entry point configured, :mod:`engine.data.locations`)."""
     todo = [n for n in names if not is_built(n)]
     if todo:
-        set_default_environment(CIS_PROGRESS="1")
+        sources = replace(sources or configured(), progress=True)
         for n in todo:
             print(f"building offline data set {n!r} (once; {build_command(n)})", file=sys.stderr)
-            build(n, seed=seed)
+            build(n, seed=seed, sources=sources)
 
 
-def build(name: Optional[str] = None, force: bool = False, seed: int = DEFAULT_SEED) -> dict[str, dict]:
-    """Build one set (or all); already built sets are kept unless ``force``. Returns manifests."""
+def build(name: Optional[str] = None, force: bool = False, seed: int = DEFAULT_SEED,
+          sources: Optional[DataSources] = None) -> dict[str, dict]:
+    """Build one set (or all); already built sets are kept unless ``force``. Returns manifests. ``sources``:
+    where the inputs are (default: what the entry point configured, :mod:`engine.data.locations`)."""
     names = [name] if name else list(DATASET_NAMES)
     for n in names:
         if n not in BUILDERS:
@@ -130,7 +137,7 @@ def build(name: Optional[str] = None, force: bool = False, seed: int = DEFAULT_S
     todo = [n for n in names if force or not is_built(n)]
     out = {n: load_manifest(n) for n in names if n not in todo}
     if todo:
-        inp = gather_inputs(todo, seed)
+        inp = gather_inputs(todo, seed, sources)
         for n in todo:
             out[n] = build_into(n, dataset_dir(n), inp, seed)
     return out
@@ -148,8 +155,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parser.parse_args(argv)
     try:
         if args.cmd == "build":
-            set_default_environment(CIS_PROGRESS="1")
-            manifests = build(args.only, force=args.force, seed=args.seed)
+            settings = Settings()  # this command is an entry point: the sources' folders, the decode budget
+            images.configure(settings)
+            sources = replace(locations.configure(settings), progress=True)
+            manifests = build(args.only, force=args.force, seed=args.seed, sources=sources)
         else:
             names = [args.only] if args.only else list(DATASET_NAMES)
             manifests = {n: load_manifest(n) for n in names}

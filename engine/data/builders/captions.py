@@ -15,13 +15,13 @@ def build_captions(out: Path, inp: Inputs, seed: int) -> dict:
     gsplit = emoji_group_splits(inp.emojis, seed)
     records: dict[str, list[dict]] = {s: [] for s in SPLITS}
     img_root = out / IMAGES_DIRNAME
-    for e in _progress(inp.emojis, "captions: emoji"):
+    for e in _progress(inp.emojis, "captions: emoji", show=inp.progress):
         _link_or_copy(inp.emoji_img_dir / e.image, img_root / _emoji_rel(e))
         records[gsplit[groups[e.key]]].append({
             "id": f"twemoji:{e.key}", "image": _emoji_rel(e), "caption": twemoji.caption(e),
             "source": "twemoji", "group": groups[e.key], "licence": twemoji.LICENCE_IMAGES,
         })
-    for p in _progress(inp.photos, "captions: photos"):
+    for p in _progress(inp.photos, "captions: photos", show=inp.progress):
         if not p.caption:
             continue
         rel = f"photos/{p.path.name}"

@@ -26,7 +26,7 @@ def build_cir(out: Path, inp: Inputs, seed: int) -> dict:
     # (b) recoloured photos and (c) category changes: only photos with a category, so every photo in
     # the "photos" gallery has exactly one category and category targets are complete.
     photos = [p for p in inp.photos if p.category]
-    split_photo_images, recolour_stats = _recolour_part(img_root, photos, seed, queries, gallery)
+    split_photo_images, recolour_stats = _recolour_part(img_root, photos, seed, queries, gallery, inp.progress)
     for split in SPLITS:
         queries[split].extend(_category_queries(split, split_photo_images[split], gallery[split], seed))
     return {"counts": _write_splits(out, queries, gallery), "recolour_analysis": dict(sorted(recolour_stats.items())),
@@ -41,7 +41,7 @@ def _twemoji_part(img_root: Path, inp: Inputs, seed: int, queries: Splits, galle
     groups = _emoji_groups(inp)
     gsplit = emoji_group_splits(inp.emojis, seed)
     by_key = {e.key: e for e in inp.emojis}
-    for e in _progress(inp.emojis, "cir: emoji images"):
+    for e in _progress(inp.emojis, "cir: emoji images", show=inp.progress):
         _link_or_copy(inp.emoji_img_dir / e.image, img_root / _emoji_rel(e))
         split = gsplit[groups[e.key]]
         gallery[split].append({"image": _emoji_rel(e), "gallery": "twemoji", "group": groups[e.key],
@@ -63,13 +63,13 @@ def _twemoji_part(img_root: Path, inp: Inputs, seed: int, queries: Splits, galle
 
 
 def _recolour_part(img_root: Path, photos: list, seed: int, queries: Splits,
-                   gallery: Splits) -> tuple[dict[str, list[tuple[str, str]]], Counter]:
+                   gallery: Splits, progress: bool = False) -> tuple[dict[str, list[tuple[str, str]]], Counter]:
     """(b) Every photo into its split's gallery, with its recoloured copies and one query per copy.
     Returns each split's (image, category) pairs, originals and copies, and the recolour analysis tally."""
     photo_split = {p.key: assign_split(p.group, seed) for p in photos}
     split_photo_images: dict[str, list[tuple[str, str]]] = {s: [] for s in SPLITS}  # (rel, category)
     recolour_stats = Counter()
-    for p in _progress(photos, "cir: photos / recolour"):
+    for p in _progress(photos, "cir: photos / recolour", show=progress):
         split = photo_split[p.key]
         rel = f"photos/{p.path.name}"
         _link_or_copy(p.path, img_root / rel)

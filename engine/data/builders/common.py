@@ -19,11 +19,11 @@ from typing import Iterable, Optional, Sequence
 import numpy as np
 from PIL import Image
 
-from ...config import Settings
 from ...errors import EngineError, InputError
 from ...fileio import atomic_write_bytes
 from .. import fashion_mnist, recolour, twemoji
 from .. import sources as S
+from ..locations import DataSources, configured
 from ..formats import (
     FORMAT_VERSION,
     datasets_root,
@@ -50,8 +50,9 @@ except ImportError:  # pragma: no cover
         return it
 
 
-def _progress(it, desc: str, total: Optional[int] = None):
-    return tqdm(it, desc=desc, total=total, leave=False, disable=not sys.stderr.isatty() and not Settings().progress)
+def _progress(it, desc: str, total: Optional[int] = None, show: bool = False):
+    """A progress bar on a terminal, or anywhere when ``show`` (the build's ``Inputs.progress``)."""
+    return tqdm(it, desc=desc, total=total, leave=False, disable=not sys.stderr.isatty() and not show)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -251,12 +252,12 @@ def photo_key(source: str, ref: str) -> str:
     return key
 
 
-def _source_records():
-    """Photo records of every available source (lazy import of ``engine.data.sources``)."""
+def _source_records(sources: DataSources):
+    """Photo records of every available source (the Debian packages' folders from ``sources``)."""
     out, missing = [], []
     readers = [
-        ("tuxpaint", S.tuxpaint_stamps),
-        ("gcompris", S.gcompris_images),
+        ("tuxpaint", lambda: S.tuxpaint_stamps(root=Path(sources.tuxpaint_stamps))),
+        ("gcompris", lambda: S.gcompris_images(rcc_dir=Path(sources.gcompris_rcc))),
         ("saleor", S.saleor_products),
         ("skimage", S.skimage_samples),
         ("sklearn", S.sklearn_samples),
@@ -277,11 +278,14 @@ def _source_records():
     return out, missing
 
 
-def collect_photos(seed: int = DEFAULT_SEED, work_dir: Optional[Path] = None) -> tuple[list[PhotoItem], dict]:
-    """Read, de-duplicate and resize every photo once; cached in ``datasets/_photos``.
+def collect_photos(seed: int = DEFAULT_SEED, work_dir: Optional[Path] = None,
+                   sources: Optional[DataSources] = None) -> tuple[list[PhotoItem], dict]:
+    """Read, de-duplicate and resize every photo once; cached in ``datasets/_photos``. ``sources``: where the
+    photo packages are (default: what the entry point configured, :mod:`engine.data.locations`).
 
     Returns the items and a summary (per-source counts, versions, licences, missing sources).
     """
+    sources = sources or configured()
     work = Path(work_dir) if work_dir else datasets_root() / "_photos"
     index_file = work / f"photos-{recipe_hash()}.json"  # the photo selection does not depend on the seed
     if index_file.is_file():
@@ -292,12 +296,12 @@ def collect_photos(seed: int = DEFAULT_SEED, work_dir: Optional[Path] = None) ->
                 return items, saved["summary"]
         except (OSError, json.JSONDecodeError, TypeError, KeyError):
             pass
-    records, missing = _source_records()
+    records, missing = _source_records(sources)
     items: list[PhotoItem] = []
     seen_bytes: set[str] = set()
     used_keys: set[str] = set()
     hash_group: dict[str, str] = {}
-    for rec in _progress(records, "photos", total=len(records)):
+    for rec in _progress(records, "photos", total=len(records), show=sources.progress):
         try:
             data = rec.read_bytes()
         except (OSError, InputError):
@@ -365,24 +369,27 @@ class Inputs:
     photo_summary: dict = field(default_factory=dict)
     fmnist: Optional[tuple] = None                    # (train_x, train_y, test_x, test_y)
     fmnist_version: str = "none"
+    progress: bool = False                            # progress bars even when stderr is not a terminal
 
 
-def gather_inputs(names: Sequence[str], seed: int = DEFAULT_SEED) -> Inputs:
-    """Load the real sources needed by ``names`` (installs the Twemoji npm package into the cache)."""
-    inp = Inputs()
+def gather_inputs(names: Sequence[str], seed: int = DEFAULT_SEED, sources: Optional[DataSources] = None) -> Inputs:
+    """Load the real sources needed by ``names`` (installs the Twemoji npm package into the cache); ``sources``:
+    their folders (default: what the entry point configured, :mod:`engine.data.locations`)."""
+    sources = sources or configured()
+    inp = Inputs(progress=sources.progress)
     need_emoji = any(n in names for n in ("cir", "captions", "labelled", "multilabel"))
     need_photos = any(n in names for n in ("cir", "captions", "labelled", "multilabel", "open_vocab"))
     if need_emoji:
-        pkg = twemoji.package_dir(install=True)
+        pkg = twemoji.package_dir(install=True, folder=sources.twemoji_dir)
         inp.emojis = twemoji.load_emoji(pkg)
         inp.emoji_img_dir = pkg / twemoji.IMAGE_SUBDIR
         inp.emoji_version = twemoji.installed_version(pkg)
     if need_photos:
-        inp.photos, inp.photo_summary = collect_photos(seed)
+        inp.photos, inp.photo_summary = collect_photos(seed, sources=sources)
     if "labelled" in names:
-        if fashion_mnist.available():
-            tx, ty = fashion_mnist.load("train")
-            vx, vy = fashion_mnist.load("test")
+        if fashion_mnist.available(sources.fashion_mnist_dir):
+            tx, ty = fashion_mnist.load("train", sources.fashion_mnist_dir)
+            vx, vy = fashion_mnist.load("test", sources.fashion_mnist_dir)
             inp.fmnist = (tx, ty, vx, vy)
             inp.fmnist_version = fashion_mnist.package_version()
     return inp

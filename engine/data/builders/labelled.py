@@ -65,7 +65,7 @@ def build_labelled(out: Path, inp: Inputs, seed: int) -> dict:
         for file_split, xs, ys in (("train", tx, ty), ("test", vx, vy)):
             folder = img_root / "fmnist" / file_split
             folder.mkdir(parents=True, exist_ok=True)
-            for i in _progress(range(len(xs)), f"labelled: fmnist {file_split}", total=len(xs)):
+            for i in _progress(range(len(xs)), f"labelled: fmnist {file_split}", total=len(xs), show=inp.progress):
                 rel = f"fmnist/{file_split}/{i:05d}.png"
                 Image.fromarray(xs[i], mode="L").save(img_root / rel, format="PNG", compress_level=1)
                 y = int(ys[i])

@@ -168,7 +168,7 @@ def build_open_vocab(out: Path, inp: Inputs, seed: int) -> dict:
     queries: dict[str, list[dict]] = {s: [] for s in SPLITS}
     by_split: dict[str, list] = {s: [] for s in SPLITS}
     state: dict[str, dict] = {}
-    for p in _progress(photos, "open_vocab: photos"):
+    for p in _progress(photos, "open_vocab: photos", show=inp.progress):
         split = photo_split(p)
         rng = random.Random(f"{seed}:open-vocab:{p.key}")
         ref, img = w.original(p, split)

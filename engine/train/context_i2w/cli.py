@@ -25,7 +25,9 @@ from ...compose.context_i2w import (
     load_context_i2w,
     save_context_i2w,
 )
+from ... import images
 from ...config import Settings
+from ...data import locations
 from ...data.heldout import HELD_OUT_SOURCES
 from ...errors import InputError
 from ..anchor_fit import anchor_checkpoint
@@ -192,8 +194,11 @@ def _save(args, backbone, mapper: ContextI2WMapper, out: Path, out_dir: Path, re
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = _parser().parse_args(argv)
     progress = not args.quiet
+    settings = Settings()  # the entry point's settings: the decode budget and the offline sets' sources
+    images.configure(settings)
+    locations.configure(settings)
     backbone = create_backbone(args.backbone, args.device)
-    out_dir = Path(args.out or Settings().checkpoints)
+    out_dir = Path(args.out or settings.checkpoints)
     name = args.name or file_name(PARTS["context-i2w"].stem, backbone.name)
     out = out_dir / name
     run_dir = Path(args.run_dir) if args.run_dir else _cache_root() / "runs" / Path(name).stem

@@ -13,7 +13,9 @@ from typing import Any, Dict, Optional, Sequence
 from ...backbones import create_backbone
 from ...checkpoints import PARTS, file_name, slug
 from ...compose.rtic import RTIC, RTICConfig, count_parameters, save_rtic
+from ... import images
 from ...config import ROOT, Settings, resolve_device
+from ...data import locations
 from ...data.cir_triplets import TripletSet, embed_triplets
 from ...data.heldout import HELD_OUT_SOURCES
 from ...data.tone import offline_cir_photos, tone_triplets
@@ -187,6 +189,9 @@ def _save(args, sets: Sets, result: dict, cfg: TrainConfig, metrics: dict, tone_
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = _parser().parse_args(argv)
+    settings = Settings()  # the entry point's settings: the decode budget and the offline sets' sources
+    images.configure(settings)
+    locations.configure(settings)
 
     if args.memory:
         return _memory(args)
@@ -230,6 +235,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     (run_dir / "history.json").write_text(json.dumps(report, indent=2))
     if args.report:
         Path(args.report).write_text(json.dumps(report, indent=2))
-    out_dir = Path(args.out) if args.out else (run_dir if args.data == "synthetic" else Path(Settings().checkpoints))
+    out_dir = Path(args.out) if args.out else (run_dir if args.data == "synthetic" else Path(settings.checkpoints))
     _save(args, sets, result, cfg, metrics, tone_metrics, out_dir)
     return 0
