@@ -211,7 +211,9 @@ def offline_section(args=None, ctx=None):
     lines = ["Training-free composers on the offline CIR test split (R@10, percent), one row per packaged backbone "
              "version (docs/backbones.md): " + "; ".join(f"{n} `{b.fingerprint}`" for n, b in versions.items())
              + ". The learned methods' rows for the shipped version are in the composed-retrieval section above; "
-             "the earlier versions' learned checkpoints are no longer shipped.", "",
+             "the earlier versions' learned checkpoints are no longer shipped. Every row here ranks without the hub "
+             "correction (`engine.index.hubs`; the earlier versions have no chosen weight), so the same version's "
+             "rows in the composed-retrieval section, ranked with it, can differ.", "",
              "| composer | version | all | " + " | ".join(kinds) + " |",
              "|---|---|---|" + "---|" * len(kinds)]
     for name in ("image", "text", "sum"):
