@@ -87,19 +87,37 @@ def wait_idle(page, elem_id: str, timeout: float = 90_000) -> None:
         " return !t || t.classList.contains('hide'); }", arg=elem_id, timeout=timeout)
 
 
-def run_search(page, prefix: str = "", button: str = None) -> None:
-    """Click Search and wait for new results: the explanation (with its timings) must change."""
-    before = explanation(page, prefix)
-    page.click(f"#{button or prefix + 'search'}")
+def queries_shown(page, prefix: str = "") -> int:
+    """How many queries the tab has finished showing: the count its last step after a query keeps on <body>
+    (demo/ui.py, SET_URL_JS and OWN_SHOWN_JS)."""
+    return int(page.evaluate("name => document.body.getAttribute(name) || '0'", f"data-{prefix}queries-shown"))
+
+
+def wait_shown(page, before: int, prefix: str = "") -> None:
+    """Wait until the tab has finished showing a query after the ``before``-th (:func:`queries_shown`): its
+    results and every step after them (history, share link), or an error toast; then assert there is none.
+    A changed explanation is no such signal: its progress text, or a previous query's later step, can change
+    the page while the new query has not run yet."""
     page.wait_for_function(
-        "([id, before]) => { const e = document.querySelector(`#${id}explanation`);"
-        " const toast = document.querySelector('[data-testid=toast-body]');"
-        " if (toast) return true;"
-        " return e && e.innerText.includes('Timings') && e.innerText !== before; }",
-        arg=[prefix, before])
+        "([name, before]) => document.querySelector('[data-testid=toast-body]')"
+        " || Number(document.body.getAttribute(name) || 0) > before",
+        arg=[f"data-{prefix}queries-shown", before])
     errors = toast_errors(page)
     assert not errors, f"the page showed an error: {errors}"
     wait_idle(page, f"{prefix}results")
+
+
+def run_query(page, target, prefix: str = "") -> None:
+    """Click what runs a query (Search, an example, a recent query: a selector or a locator) and wait until it
+    is shown (:func:`wait_shown`)."""
+    before = queries_shown(page, prefix)
+    (page.locator(target) if isinstance(target, str) else target).click()
+    wait_shown(page, before, prefix)
+
+
+def run_search(page, prefix: str = "", button: str = None) -> None:
+    """Click Search and wait until its query is shown (:func:`wait_shown`)."""
+    run_query(page, f"#{button or prefix + 'search'}", prefix)
 
 
 def results(page, prefix: str = "") -> List[Tuple[int, float, str]]:
