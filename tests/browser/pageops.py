@@ -13,21 +13,17 @@ def upload(page, elem_id: str, path) -> None:
     page.set_input_files(f"#{elem_id} input[type=file]", str(path))
 
 
-def upload_zip(page, path, tries: int = 3) -> None:
-    """Upload a zip into the own-photos tab and wait until the file box shows it. The first upload
-    right after switching tabs can be dropped by the freshly rendered component on a loaded machine
-    (seen in the own-photos tests of a whole-suite run), so it is repeated a few times before the test fails."""
-    from playwright.sync_api import TimeoutError as PlaywrightTimeout
-
-    check = f"() => document.querySelector('#own-upload').innerText.includes('{path.name}')"
-    for _ in range(tries):
-        upload(page, "own-upload", path)
-        try:
-            page.wait_for_function(check, timeout=30_000)
-            return
-        except PlaywrightTimeout:
-            continue
-    raise AssertionError(f"the upload of {path.name} never showed in the file box")
+def upload_zip(page, path) -> None:
+    """Choose a zip in the own-photos tab's file box and wait until its upload has finished: the box then lists
+    the file with its Clear button. While uploading, the box shows "Uploading 1 file..." and the whole name;
+    once done, the name's stem and extension are separate elements (innerText "my-photos\\n.zip"), so a wait
+    for the whole name in innerText passed only if it caught the short uploading state, and timed out when
+    the upload was quicker than its first look (and a second upload found no file input: the box had a file)."""
+    upload(page, "own-upload", path)
+    page.wait_for_function(
+        "name => { const box = document.querySelector('#own-upload');"
+        " return !!box && !!box.querySelector('button[aria-label=Clear]')"
+        " && box.innerText.replace(/\\s+/g, '').includes(name); }", arg=path.name)
 
 
 def upload_reference(page, prefix: str, path) -> str:
