@@ -38,11 +38,15 @@ HEAD = """<script>
 })();
 </script>"""
 
-# After a query: put its state in the page URL (keeping Gradio's own "__" parameters such as __theme) and in
-# the visible share link. Inputs: (query string, current link); output: the link.
+# The last step after a query: put its state in the page URL (keeping Gradio's own "__" parameters such as
+# __theme) and in the visible share link. Inputs: (query string, current link); output: the link. It also counts
+# the queries the page has finished showing (`data-queries-shown` on <body>; the own-photos tab:
+# `data-own-queries-shown`, OWN_SHOWN_JS), so a script or test can wait for a query and every step after it,
+# not merely for its first visible change (which the previous query's later steps can also make).
 SET_URL_JS = """
 (qs, current) => {
   if (!qs) { return current; }
+  document.body.dataset.queriesShown = String(Number(document.body.dataset.queriesShown || 0) + 1);
   const link = window.location.origin + window.location.pathname + '?' + qs;
   const page = new URLSearchParams(qs);
   for (const [key, value] of new URLSearchParams(window.location.search)) {
@@ -52,6 +56,20 @@ SET_URL_JS = """
   return link;
 }
 """
+
+OWN_SHOWN_JS = """
+() => {
+  document.body.dataset.ownQueriesShown = String(Number(document.body.dataset.ownQueriesShown || 0) + 1);
+  return [];
+}
+"""
+
+# Every query event and every step after it runs the user's LATEST request: Gradio's default for a click
+# ("once") drops a click that comes while the same event is still running, so a second Search with a changed
+# text or box showed the first query's results; "always_last" runs it as soon as the running one ends, with
+# the inputs as they are then. The steps after a query (history, share link, ...) are also "always_last": a
+# step still running for the previous query would otherwise skip the same step for the next one.
+LATEST = "always_last"
 
 # "Copy link": the clipboard API where allowed, else select the link box and copy; the button says it worked.
 COPY_JS = """
@@ -302,21 +320,23 @@ def _share_row() -> ShareRow:
 
 def _with_link(event, s: ShareRow):
     """The last step after a query: the page URL and the share link carry it (SET_URL_JS)."""
-    return event.success(None, [s.qs, s.link], s.link, js=SET_URL_JS, api_name=False)
+    return event.success(None, [s.qs, s.link], s.link, js=SET_URL_JS, api_name=False, trigger_mode=LATEST)
 
 
 def _with_expansion_note(event, c: SearchPanel):
     """The line under the LAttQE box: what expansion did for the query just run; and the number boxes show the
     values searched (a clamped one, already said in a notice)."""
-    shown = event.success(h.searched_values, [c.run], [c.k, c.alpha, c.nqe], api_name=False, show_progress="hidden")
-    return shown.success(h.expansion_done, [c.run], [c.lattqe_did], api_name=False, show_progress="hidden")
+    shown = event.success(h.searched_values, [c.run], [c.k, c.alpha, c.nqe], api_name=False, show_progress="hidden",
+                          trigger_mode=LATEST)
+    return shown.success(h.expansion_done, [c.run], [c.lattqe_did], api_name=False, show_progress="hidden",
+                         trigger_mode=LATEST)
 
 
 def _recorded(event, engine: SearchEngine, c: SearchPanel, s: ShareRow):
     """After a run (search or compare: the run's state says which): handlers.after_query, by name."""
     record, outputs = _named(functools.partial(h.after_query, engine), h.Recorded, s.recorded())
     return event.success(record, inputs_kwargs={"run": c.run, "history": s.history}, outputs=outputs,
-                         api_name=False)
+                         api_name=False, trigger_mode=LATEST)
 
 
 def _main_tab(demo: gr.Blocks, engine: SearchEngine, searches: dict) -> None:
@@ -342,12 +362,13 @@ def _wire_search(engine: SearchEngine, c: SearchPanel, s: ShareRow, searches: di
     def then_search(event):
         shown = _with_expansion_note(_recorded(event, engine, c, s), c)
         return _with_link(shown.success(h.search_shown, None, [c.compare_out, c.gallery], api_name=False,
-                                        show_progress="hidden"), s)
+                                        show_progress="hidden", trigger_mode=LATEST), s)
 
     for trigger, api in ((c.button.click, "search"), (c.text.submit, False)):
         then_search(trigger(search_fn, c.search_inputs(), results, api_name=api, **searches))
     if ex_grid is not None:  # a click on an example fills the inputs and runs it
-        then_search(ex_grid.select(h.example_picker(engine, examples), None, [c.image, c.text], api_name=False)
+        then_search(ex_grid.select(h.example_picker(engine, examples), None, [c.image, c.text], api_name=False,
+                                   trigger_mode=LATEST)
                     .success(search_fn, c.search_inputs(), results, api_name=False, **searches))
 
 
@@ -355,13 +376,15 @@ def _wire_compare(engine: SearchEngine, c: SearchPanel, s: ShareRow) -> None:
     """Compare methods (the Gradio API's /compare, its own limit of 2 at once), then the page shows its columns."""
     compare_fn = h.user_errors(functools.partial(h.run_compare, engine))
     ran = c.compare_btn.click(compare_fn, [c.image, c.text, c.alpha, c.k, c.lattqe, c.nqe, c.keep_out],
-                              [c.compare_out, c.raw, c.run], api_name="compare", concurrency_limit=2)
+                              [c.compare_out, c.raw, c.run], api_name="compare", concurrency_limit=2,
+                              trigger_mode=LATEST)
     shown = (_recorded(ran, engine, c, s)
              .success(h.compare_cleared, [c.run], [c.gallery, c.ids, c.explanation], api_name=False,
-                      show_progress="hidden")
+                      show_progress="hidden", trigger_mode=LATEST)
              .success(lambda: gr.update(value="", visible=False), None, [c.lattqe_did], api_name=False,
-                      show_progress="hidden")
-             .success(h.searched_values, [c.run], [c.k, c.alpha, c.nqe], api_name=False, show_progress="hidden"))
+                      show_progress="hidden", trigger_mode=LATEST)
+             .success(h.searched_values, [c.run], [c.k, c.alpha, c.nqe], api_name=False, show_progress="hidden",
+                      trigger_mode=LATEST))
     _with_link(shown, s)
 
 
@@ -407,8 +430,9 @@ def _own_tab(engine: SearchEngine, searches: dict) -> None:
      .success(h.own_photos, [session], [own_grid, own_ids], api_name=False))
     own_grid.select(h.result_as_reference, [session, own_ids], o.image, api_name=False)
     for trigger, api in ((o.button.click, "search_own"), (o.text.submit, False)):
-        _with_expansion_note(trigger(h.user_errors(h.run_search), [session, *o.search_inputs()],
-                                     o.outputs(), api_name=api, **searches), o)
+        shown = _with_expansion_note(trigger(h.user_errors(h.run_search), [session, *o.search_inputs()],
+                                             o.outputs(), api_name=api, **searches), o)
+        shown.success(None, None, None, js=OWN_SHOWN_JS, api_name=False, trigger_mode=LATEST)
     o.gallery.select(h.result_as_reference, [session, o.ids], o.image, api_name=False)
 
 
@@ -423,7 +447,7 @@ def build_demo(settings: Settings, engine: Optional[SearchEngine] = None) -> gr.
     # cores, measured (docs/deploy.md, "Load test"): searches running together share text forward passes
     # (engine/batching.py), so 8 served more than 4 (21-27 against 18-21 requests/s at 20 clients) for about
     # 90 MB more memory.
-    searches = {"concurrency_id": "search", "concurrency_limit": max(1, settings.concurrency)}
+    searches = {"concurrency_id": "search", "concurrency_limit": max(1, settings.concurrency), "trigger_mode": LATEST}
     # uploads and generated files in Gradio's cache are deleted after an hour (checked every hour)
     with gr.Blocks(title=TITLE, delete_cache=(3600, 3600), analytics_enabled=False) as demo:
         _header(engine)

@@ -13,6 +13,19 @@ def upload(page, elem_id: str, path) -> None:
     page.set_input_files(f"#{elem_id} input[type=file]", str(path))
 
 
+def upload_zip(page, path) -> None:
+    """Choose a zip in the own-photos tab's file box and wait until its upload has finished: the box then lists
+    the file with its Clear button. While uploading, the box shows "Uploading 1 file..." and the whole name;
+    once done, the name's stem and extension are separate elements (innerText "my-photos\\n.zip"), so a wait
+    for the whole name in innerText passed only if it caught the short uploading state, and timed out when
+    the upload was quicker than its first look (and a second upload found no file input: the box had a file)."""
+    upload(page, "own-upload", path)
+    page.wait_for_function(
+        "name => { const box = document.querySelector('#own-upload');"
+        " return !!box && !!box.querySelector('button[aria-label=Clear]')"
+        " && box.innerText.replace(/\\s+/g, '').includes(name); }", arg=path.name)
+
+
 def upload_reference(page, prefix: str, path) -> str:
     """Upload a reference image; returns the src of the image the page then shows."""
     upload(page, f"{prefix}reference", path)
@@ -87,19 +100,37 @@ def wait_idle(page, elem_id: str, timeout: float = 90_000) -> None:
         " return !t || t.classList.contains('hide'); }", arg=elem_id, timeout=timeout)
 
 
-def run_search(page, prefix: str = "", button: str = None) -> None:
-    """Click Search and wait for new results: the explanation (with its timings) must change."""
-    before = explanation(page, prefix)
-    page.click(f"#{button or prefix + 'search'}")
+def queries_shown(page, prefix: str = "") -> int:
+    """How many queries the tab has finished showing: the count its last step after a query keeps on <body>
+    (demo/ui.py, SET_URL_JS and OWN_SHOWN_JS)."""
+    return int(page.evaluate("name => document.body.getAttribute(name) || '0'", f"data-{prefix}queries-shown"))
+
+
+def wait_shown(page, before: int, prefix: str = "") -> None:
+    """Wait until the tab has finished showing a query after the ``before``-th (:func:`queries_shown`): its
+    results and every step after them (history, share link), or an error toast; then assert there is none.
+    A changed explanation is no such signal: its progress text, or a previous query's later step, can change
+    the page while the new query has not run yet."""
     page.wait_for_function(
-        "([id, before]) => { const e = document.querySelector(`#${id}explanation`);"
-        " const toast = document.querySelector('[data-testid=toast-body]');"
-        " if (toast) return true;"
-        " return e && e.innerText.includes('Timings') && e.innerText !== before; }",
-        arg=[prefix, before])
+        "([name, before]) => document.querySelector('[data-testid=toast-body]')"
+        " || Number(document.body.getAttribute(name) || 0) > before",
+        arg=[f"data-{prefix}queries-shown", before])
     errors = toast_errors(page)
     assert not errors, f"the page showed an error: {errors}"
     wait_idle(page, f"{prefix}results")
+
+
+def run_query(page, target, prefix: str = "") -> None:
+    """Click what runs a query (Search, an example, a recent query: a selector or a locator) and wait until it
+    is shown (:func:`wait_shown`)."""
+    before = queries_shown(page, prefix)
+    (page.locator(target) if isinstance(target, str) else target).click()
+    wait_shown(page, before, prefix)
+
+
+def run_search(page, prefix: str = "", button: str = None) -> None:
+    """Click Search and wait until its query is shown (:func:`wait_shown`)."""
+    run_query(page, f"#{button or prefix + 'search'}", prefix)
 
 
 def results(page, prefix: str = "") -> List[Tuple[int, float, str]]:

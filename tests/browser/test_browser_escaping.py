@@ -90,23 +90,6 @@ def test_hostile_captions_names_queries_and_links_stay_text(hostile_app, open_pa
     shot(page, "compare-with-markup")
 
 
-def _upload_zip(page, path, tries: int = 3):
-    """Upload a zip into the own-photos tab and wait until the file box shows it. The first upload
-    right after switching tabs can be dropped by the freshly rendered component on a loaded machine,
-    so it is repeated a few times before the test fails."""
-    from playwright.sync_api import TimeoutError as PlaywrightTimeout
-
-    check = f"() => document.querySelector('#own-upload').innerText.includes('{path.name}')"
-    for _ in range(tries):
-        ui.upload(page, "own-upload", path)
-        try:
-            page.wait_for_function(check, timeout=30_000)
-            return
-        except PlaywrightTimeout:
-            continue
-    raise AssertionError(f"the upload of {path.name} never showed in the file box")
-
-
 def test_hostile_zip_names_in_messages_stay_text(hostile_app, open_page, shot, tmp_path):
     url, photos = hostile_app
     page = open_page(url, "desktop")
@@ -116,7 +99,7 @@ def test_hostile_zip_names_in_messages_stay_text(hostile_app, open_page, shot, t
     with zipfile.ZipFile(archive, "w") as z:
         z.write(photos[0], "good.jpg")
         z.writestr(PAYLOADS[0] + ".jpg", b"not really a jpeg")
-    _upload_zip(page, archive)
+    ui.upload_zip(page, archive)
     page.click("#own-index")
     page.wait_for_function("() => document.querySelector('#own-status').innerText.includes('Skipped')")
     assert PAYLOADS[0] in page.locator("#own-status").inner_text()
@@ -128,7 +111,7 @@ def test_hostile_zip_names_in_messages_stay_text(hostile_app, open_page, shot, t
         z.writestr("/" + PAYLOADS[1] + ".jpg", b"x")
     page = open_page(url, "desktop")  # a fresh page: the first archive's file box is not reused
     ui.open_tab(page, "own", "#own-upload input[type=file]")
-    _upload_zip(page, evil)
+    ui.upload_zip(page, evil)
     page.click("#own-index")
     page.wait_for_selector("[data-testid=toast-body]")
     shot(page, "refused-name")

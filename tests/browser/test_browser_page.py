@@ -110,10 +110,7 @@ def test_example_click_runs_a_search_and_download_appears_with_a_file(served_dem
     ui.open_accordion(page, "Why these results")
     examples = example_queries(gallery_engine)
     ref_id, text = examples[1]
-    page.locator("#examples .thumbnail-item").nth(1).click()
-    page.wait_for_function("() => (document.querySelector('#explanation') || {innerText: ''}).innerText.includes('Timings')")
-    ui.wait_idle(page, "results")
-    assert not ui.toast_errors(page)
+    ui.run_query(page, page.locator("#examples .thumbnail-item").nth(1))
     assert page.locator("#text textarea").input_value() == text
     assert page.locator("#reference img").count() == 1
     res = ui.results(page)

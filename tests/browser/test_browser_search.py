@@ -101,6 +101,54 @@ def test_search_click_result_switch_method_and_lattqe(served_demo, open_page, sh
     assert not page.cis_errors, page.cis_errors
 
 
+def test_search_clicked_again_while_the_first_runs_shows_the_last_query(served_demo, open_page, shot):
+    """A person changes the text and clicks Search again before the first search is back: the page must end
+    with the second query's results. Gradio's default for a click drops one that comes while the same event
+    runs (demo/ui.py, LATEST); the first search is held in the browser (its queue request paused) so the
+    second click always comes while it runs."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    _, url = served_demo
+    page = open_page(url, "desktop")
+    ui.choose(page, "method", "Text only")
+    ui.set_k(page, "", 3)
+    ui.type_text(page, "", "a photo of a cat")
+    ui.run_search(page)
+    cats = ui.results(page)  # what the second query shows when run alone
+
+    held = []
+
+    def hold_first(route):  # the first search's queue request waits until released below
+        if held:
+            route.continue_()
+        else:
+            held.append(route)
+
+    page.route("**/queue/join*", hold_first)
+    before = ui.queries_shown(page)
+    ui.type_text(page, "", "a red apple")
+    page.click("#search")
+    while not held:
+        page.wait_for_timeout(50)
+    ui.type_text(page, "", "a photo of a cat")
+    page.click("#search")  # the first search is still running
+    held[0].continue_()
+    ui.wait_shown(page, before)  # the first query shown
+    try:
+        ui.wait_shown(page, before + 1)  # then the second
+    except PlaywrightTimeout:
+        pytest.fail("the second click on Search was dropped: the page shows the first query's results")
+    page.unroute("**/queue/join*")
+    assert ui.results(page) == cats
+    assert page.locator("#text textarea").input_value() == "a photo of a cat"
+    page.wait_for_function("() => document.querySelectorAll('#history tbody tr').length === 2")
+    assert "a photo of a cat" in page.locator("#history tbody tr").nth(0).inner_text()
+    link = page.locator("#share-link textarea, #share-link input").first.input_value()
+    assert "cat" in link and "apple" not in link, link
+    shot(page, "last-query-shown")
+    assert not page.cis_errors, page.cis_errors
+
+
 @pytest.mark.parametrize("viewport", ["desktop", "phone"])
 def test_search_your_own_photos(served_demo, open_page, shot, viewport, tmp_path):
     demo, url = served_demo
@@ -114,8 +162,7 @@ def test_search_your_own_photos(served_demo, open_page, shot, viewport, tmp_path
     before = set(sessions_dir().iterdir())
     page = open_page(url, viewport)
     ui.open_tab(page, "own", "#own-upload input[type=file]")
-    ui.upload(page, "own-upload", archive)
-    page.wait_for_function("() => document.querySelector('#own-upload').innerText.includes('my-photos.zip')")
+    ui.upload_zip(page, archive)
     shot(page, "zip-chosen")
     page.click("#own-index")
     page.wait_for_function("() => document.querySelector('#own-status').innerText.includes('Indexed')")

@@ -140,11 +140,7 @@ def test_each_example_shows_right_answers(served_demo, open_page, shot, gallery_
     labels = json.loads((GALLERY / "labels.json").read_text())
     by_caption = {c: p for p, c in ui.gallery_captions(GALLERY).items()}
     for i, (path, text, right) in enumerate(EXAMPLES):
-        before = ui.explanation(page, "")
-        page.locator("#examples .thumbnail-item").nth(i).click()
-        page.wait_for_function("b => { const e = document.querySelector('#explanation');"
-                               " return e && e.innerText.includes('Timings') && e.innerText !== b; }", arg=before)
-        ui.wait_idle(page, "results")
+        ui.run_query(page, page.locator("#examples .thumbnail-item").nth(i))
         page.wait_for_function("n => document.querySelectorAll('#history tbody tr').length === n", arg=i + 1)
         assert page.locator("#text textarea").input_value() == text
         top = [c for _, _, c in ui.results(page)[:5]]
@@ -242,8 +238,7 @@ def test_own_photos_one_becomes_the_reference(served_demo, open_page, shot, tmp_
             z.write(p, f"{i:02d}-{p.name}")
     page = open_page(url, "desktop")
     ui.open_tab(page, "own", "#own-upload input[type=file]")
-    ui.upload(page, "own-upload", archive)
-    page.wait_for_function("() => document.querySelector('#own-upload').innerText.includes('trip.zip')")
+    ui.upload_zip(page, archive)
     page.click("#own-index")
     page.wait_for_function("() => document.querySelectorAll('#own-picker .thumbnail-item').length === 5")
     status = page.locator("#own-status").inner_text()
