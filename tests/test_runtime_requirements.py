@@ -73,6 +73,16 @@ def test_prepare_runs_from_the_runtime_requirements_alone(tmp_path):
             (tmp_path / "cache" / shared).symlink_to(cache_dir() / shared, target_is_directory=True)
     env = {**os.environ, "CIS_CACHE_DIR": str(tmp_path / "cache"), "CIS_CHECKPOINTS": str(empty),
            "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}  # only Python packages are isolated
+    # the offline sets the two parts need are built first (by the builders' own command, also from the runtime
+    # requirements alone): on an empty cache building them takes most of a 2-minute budget, and prepare then
+    # rightly skips the second part (this test must not rely on another test having built them)
+    from engine.prepare import data_needed
+
+    builders = BLOCKER.replace('run_module("engine",', 'run_module("engine.data.builders",')
+    for name in data_needed(["context-i2w", "rtic"], {}):
+        built = subprocess.run([sys.executable, "-c", builders, ",".join(blocked), "build", "--only", name],
+                               cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+        assert built.returncode == 0, built.stdout[-2000:] + built.stderr[-2000:]
     proc = subprocess.run([sys.executable, "-c", BLOCKER, ",".join(blocked), "prepare", "--backbone", "tiny",
                            "--out", str(out), "--parts", "context-i2w,rtic", "--budget-min", "2", "--quiet"],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
