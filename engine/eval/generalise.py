@@ -406,11 +406,13 @@ def choose_hub(ev: dict) -> Dict[str, float]:
     (with near-duplicates left out of the density most of the gain went), while on the gallery of distinct photos
     the correction lowered the learned composers and text only. ``ev["hub_grid"]`` is filled with each method's
     score there at every weight (the record's ``hub_grid_val``)."""
+    out, grid = {}, ev.setdefault("hub_grid", {})
+    if not ev["vectors"]:
+        return out
     suite, kinds, density = ev["suite_obj"], ev["kinds"], ev.get("density")
     gallery, gemb, pos = ev["tensors"]
     sel = [i for i, q in enumerate(suite.queries) if q["gallery"] == HUB_GALLERY]
     queries = [suite.queries[i] for i in sel]
-    out, grid = {}, ev.setdefault("hub_grid", {})
     for name, vecs in ev["vectors"].items():
         best_w, best = 0.0, -1.0
         for w in HUB_GRID:
