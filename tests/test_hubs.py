@@ -173,9 +173,9 @@ def test_the_hub_weight_is_chosen_on_the_gallery_of_distinct_photos():
                "helped": np.stack([e[1], between, between, between])}  # its category answer is the lone one
     ev = {"suite_obj": suite, "kinds": kinds, "density": group_density(gallery, gemb), "tensors": (gallery, gemb, pos),
           "vectors": vectors}
-    chosen = choose_hub(ev)
+    chosen, grid = choose_hub(ev)
     assert chosen["hurt"] == 0.0 and chosen["helped"] > 0.0
     whole = {w: overall_of_ranks(rank_suite(vectors["hurt"], suite, gallery, gemb, pos, hub=w, density=ev["density"]),
                                  kinds) for w in HUB_GRID}
     assert max(whole, key=whole.get) > 0.0     # the whole suite would have chosen a weight for "hurt"
-    assert ev["hub_grid"]["hurt"]["0"] == 100.0 and ev["hub_grid"]["hurt"]["0.6"] < 100.0
+    assert grid["hurt"]["0"] == 100.0 and grid["hurt"]["0.6"] < 100.0

@@ -26,7 +26,7 @@ import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -335,7 +335,7 @@ def choose(backbone, settings: Settings, ev: dict, expander_grid: bool = True) -
       for this backbone (the fallback where there is none) and only the method is chosen again."""
     if ev["side"] != "val":
         raise ValueError("defaults are chosen on the validation side only")
-    hub = choose_hub(ev)
+    hub, hub_grid = choose_hub(ev)
     ev = with_hub(ev, hub)
     res = ev["results"]
     scores = {n: r["overall"] for (n, e), r in res.items() if e == "none" and n != "auto"}
@@ -356,12 +356,11 @@ def choose(backbone, settings: Settings, ev: dict, expander_grid: bool = True) -
     if auto:
         chosen.update(routes=auto["routes"], auto_val_cross_fitted=round(auto["cross_fitted"], 2))
         routed = routed_vectors(ev["vectors"], ev["classes"], auto["routes"])
-        auto_ev = {**ev, "vectors": {"auto": routed}, "hub_grid": {}}
-        hub["auto"] = choose_hub(auto_ev)["auto"]
-        ev["hub_grid"].update(auto_ev["hub_grid"])
+        auto_hub, auto_grid = choose_hub({**ev, "vectors": {"auto": routed}})
+        hub["auto"], hub_grid["auto"] = auto_hub["auto"], auto_grid["auto"]
     chosen["hub_weight"] = {n: w for n, w in sorted(hub.items()) if w}
     chosen["hub_val"] = ev["hub_val"]
-    chosen["hub_grid_val"] = {HUB_GALLERY: ev.get("hub_grid", {})}
+    chosen["hub_grid_val"] = {HUB_GALLERY: hub_grid}
     if not expander_grid:
         kept = engine_defaults(backbone, settings)
         # how many validation queries of the chosen method each expander moves at the kept values (the page
@@ -396,19 +395,20 @@ HUB_TIE = 0.1  # a larger weight must beat a smaller one by more than this (over
 HUB_GALLERY = "category"  # the suite's gallery of distinct photos: the shape of a gallery the page searches
 
 
-def choose_hub(ev: dict) -> Dict[str, float]:
-    """{method: hub correction weight} (engine.index.hubs): per method, the weight of :data:`HUB_GRID` with the
-    best score on the validation side's gallery of distinct photos (:data:`HUB_GALLERY`); a larger weight only
-    when it is more than :data:`HUB_TIE` better (0, no correction, wins ties).
+def choose_hub(ev: dict) -> Tuple[Dict[str, float], Dict[str, Dict[str, float]]]:
+    """({method: hub correction weight} (engine.index.hubs), {method: {weight: score}}): per method, the weight of
+    :data:`HUB_GRID` with the best score on the validation side's gallery of distinct photos (:data:`HUB_GALLERY`);
+    a larger weight only when it is more than :data:`HUB_TIE` better (0, no correction, wins ties).
 
     Not on the whole suite: its attribute and open galleries hold every photo in several edited versions, tight
     clusters a page's gallery does not have, and most of the correction's gain there comes from those clusters
     (with near-duplicates left out of the density most of the gain went), while on the gallery of distinct photos
-    the correction lowered the learned composers and text only. ``ev["hub_grid"]`` is filled with each method's
-    score there at every weight (the record's ``hub_grid_val``)."""
-    out, grid = {}, ev.setdefault("hub_grid", {})
+    the correction lowered the learned composers and text only. The second dict holds each method's score there
+    at every weight (the record's ``hub_grid_val``)."""
+    out: Dict[str, float] = {}
+    grid: Dict[str, Dict[str, float]] = {}
     if not ev["vectors"]:
-        return out
+        return out, grid
     suite, kinds, density = ev["suite_obj"], ev["kinds"], ev.get("density")
     gallery, gemb, pos = ev["tensors"]
     sel = [i for i, q in enumerate(suite.queries) if q["gallery"] == HUB_GALLERY]
@@ -422,7 +422,7 @@ def choose_hub(ev: dict) -> Dict[str, float]:
             if score > best + (HUB_TIE if w else 0.0):
                 best_w, best = w, score
         out[name] = best_w
-    return out
+    return out, grid
 
 
 def with_hub(ev: dict, hub: Dict[str, float]) -> dict:

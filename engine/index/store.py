@@ -207,7 +207,7 @@ class GalleryIndex:
         if 0 < len(self) <= hubs.MAX_ITEMS:  # computed here, once per version, not on the first search
             self._density = hubs.density(self.vectors_f32())
             with open(tmp / DENSITY, "wb") as f:
-                np.save(f, self._density.astype(np.float32), allow_pickle=False)
+                np.save(f, self._density, allow_pickle=False)  # float32 (hubs.density)
         (tmp / "items.jsonl").write_text("".join(json.dumps(it, ensure_ascii=False) + "\n" for it in self.items))
         if self.vectors is not None:
             self.vectors.save(tmp)
