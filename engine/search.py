@@ -20,6 +20,7 @@ from .backbones import create_backbone
 from .backbones.base import Backbone
 from .checkpoints import refusals, search_path
 from .compose import COMPOSERS, Composer, ComposerUnavailable, Query
+from .compose.base import encoded_text
 from .config import MAX_K, Settings
 from .defaults import engine_defaults
 from .errors import CheckpointError, EngineError, InputError
@@ -324,7 +325,7 @@ def search(
     scores, ids, first_rank = s1, i1, {}
     if expand != "none":
         qvec, scores, ids, first_rank, explanation["expansion"] = _expand(
-            engine, expand, qvec, s1, i1, nq, k + extra, extra, ref, timings, hub)
+            engine, expand, qvec, s1, i1, nq, k + extra, extra, ref, timings, hub, _text_vector(engine, expand, query))
     results = _collect(engine, scores[0], ids[0], k, extra, ref, first_rank if expand != "none" else None)
     if explain:
         _explain(engine, results, query, qvec)
@@ -390,10 +391,21 @@ def _compose(engine: SearchEngine, image, text, negative_text, alpha, method, ti
     return query, comp, (ref_id, ref_hash)
 
 
+def _text_vector(engine: SearchEngine, expand: str, query: Query) -> Optional[np.ndarray]:
+    """The (D,) embedding of the query's modification text for an expander that reads it (text-conditioned
+    LAttQE), encoded once per query (the composer's encoding when it made one); None for the others and for a
+    query without a text."""
+    if not getattr(engine.expanders[expand], "reads_text", False) or not query.text:
+        return None
+    emb, _ = encoded_text(engine.backbone, query)
+    return emb.detach().float().cpu().numpy().astype(np.float32).reshape(-1)
+
+
 def _expand(engine: SearchEngine, expand: str, qvec, s1, i1, nq: int, n_out: int, extra: int, ref, timings,
-            hub: float = 0.0):
+            hub: float = 0.0, text: Optional[np.ndarray] = None):
     """(query vector, scores, ids, rank before expansion by id, the expansion's explanation) after expanding
-    from the first-stage neighbours at least as close as the expander's floor (none: the query is kept)."""
+    from the first-stage neighbours at least as close as the expander's floor (none: the query is kept);
+    ``text``: the modification text's embedding, handed to the expander (only a text-conditioned one reads it)."""
     n = len(engine.index)
     t = time.perf_counter()
     valid = i1[0] >= 0
@@ -402,7 +414,7 @@ def _expand(engine: SearchEngine, expand: str, qvec, s1, i1, nq: int, n_out: int
     close = nb_sims >= floor   # only neighbours this close are averaged in (engine.defaults)
     nb_ids, nb_sims = nb_ids[close], nb_sims[close]
     neighbours = engine.index.embeddings[nb_ids].astype(np.float32)
-    ex = (engine.expanders[expand].expand(qvec, neighbours, nb_sims) if len(nb_ids) else
+    ex = (engine.expanders[expand].expand(qvec, neighbours, nb_sims, text=text) if len(nb_ids) else
           Expansion(qvec, np.zeros(0), {"kept_because": f"no result is as close to the query as the floor "
                                                         f"{floor:g} (cosine) this expander needs"}))
     # ranks before expansion as the search without expansion shows them: the reference left out the same way

@@ -95,8 +95,9 @@ def compose_queries(backbone, composers: dict, queries, ref_emb: torch.Tensor,
 
 def rank_queries(qvecs: np.ndarray, queries, gallery, gemb, pos, expanders: Optional[dict] = None,
                  nqe=8, restrict: Optional[np.ndarray] = None, floor=None, density: Optional[np.ndarray] = None,
-                 hub: float = 0.0) -> Dict[str, np.ndarray]:
-    """{expander name: best target rank per query (1-based)}; 'none' is the plain ranking.
+                 hub: float = 0.0, texts: Optional[np.ndarray] = None) -> Dict[str, np.ndarray]:
+    """{expander name: best target rank per query (1-based)}; 'none' is the plain ranking; ``texts`` (Q, D): the
+    queries' modification-text embeddings, handed to the expanders (only text-conditioned LAttQE reads them).
 
     ``nqe``: the neighbours each expander averages, an int or ``nqe(expander name, candidates) -> int`` (the
     page defaults: ``EngineDefaults.gallery_nqe``); ``floor(expander name) -> float``: only neighbours at least
@@ -125,7 +126,8 @@ def rank_queries(qvecs: np.ndarray, queries, gallery, gemb, pos, expanders: Opti
                 if floor is not None:
                     order = order[first[order] >= floor(name)]
                 if len(order):
-                    s = vecs @ expanders[name].expand(qvecs[qi], vecs[order], first[order]).vector - penalty
+                    s = vecs @ expanders[name].expand(qvecs[qi], vecs[order], first[order],
+                                                     text=None if texts is None else texts[qi]).vector - penalty
             r = first_hit_ranks(s[None], np.isin(cand, list(targets))[None])[0]
             ranks[name][qi] = int(r) + 1 if np.isfinite(r) else len(cand) + 1
     return ranks

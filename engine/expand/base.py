@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, Dict
+from typing import Any, Dict, Optional
 
 import numpy as np
 
@@ -24,10 +24,14 @@ class Expansion:
 class Expander(ABC):
     name: str = ""
     label: str = ""
+    reads_text: bool = False  # True: expand() uses the query's modification-text embedding (the search encodes it)
 
     @abstractmethod
-    def expand(self, query: np.ndarray, neighbours: np.ndarray, sims: np.ndarray) -> Expansion:
-        """query (D,), neighbours (n, D) in rank order, sims (n,) their similarity to the query."""
+    def expand(self, query: np.ndarray, neighbours: np.ndarray, sims: np.ndarray,
+               text: Optional[np.ndarray] = None) -> Expansion:
+        """query (D,), neighbours (n, D) in rank order, sims (n,) their similarity to the query; ``text`` (D,):
+        the embedding of the query's modification text (None for an image-only query). Only an expander that
+        reads the text (text-conditioned LAttQE) uses it; the others ignore it."""
 
 
 def l2n(v: np.ndarray) -> np.ndarray:
@@ -39,7 +43,7 @@ def l2n(v: np.ndarray) -> np.ndarray:
 class NoExpansion(Expander):
     name, label = "none", "No expansion"
 
-    def expand(self, query, neighbours, sims):
+    def expand(self, query, neighbours, sims, text=None):
         return Expansion(l2n(query), np.zeros(len(neighbours), np.float32), {})
 
 

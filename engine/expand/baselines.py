@@ -97,7 +97,7 @@ class BaselineExpander(Expander):
         self.name = method
         self.label = {"aqe": "AQE", "aqewd": "AQEwD", "alpha-qe": f"alpha-QE (alpha={self.alpha:g})"}[method]
 
-    def expand(self, query, neighbours, sims) -> Expansion:
+    def expand(self, query, neighbours, sims, text=None) -> Expansion:  # the text is not read
         q, nb, s = check_inputs(query, neighbours, sims)
         w = baseline_weights(self.method, s, self.alpha)
         vec = combine(q[None], nb[None], w[None])[0]

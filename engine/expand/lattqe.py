@@ -55,10 +55,14 @@ class LAttQEConfig:
     trained_max_k: int = 64  # neighbours beyond this rank reuse the last trained position
     weight_floor: Optional[float] = None  # None: raw cosine weights; tau: max(0, cos - tau) / (1 - tau)
     dba_weight_floor: Optional[float] = None  # the floor when the model expands gallery items (LAttDBA)
+    text_token: bool = False  # the query's modification text is a token of the sequence (text-conditioned LAttQE)
+    width: int = 0  # 0: the encoder works at the embedding size; else every token is projected to this width
 
     def __post_init__(self):
-        if self.dim % self.heads:
-            raise ValueError(f"embedding size {self.dim} is not divisible by heads={self.heads}")
+        if self.width < 0:
+            raise ValueError(f"width must be 0 (the embedding size) or more, got {self.width}")
+        if (self.width or self.dim) % self.heads:
+            raise ValueError(f"encoder width {self.width or self.dim} is not divisible by heads={self.heads}")
         for name in ("weight_floor", "dba_weight_floor"):
             v = getattr(self, name)
             if v is not None and not 0.0 <= float(v) <= 1.0:
@@ -81,24 +85,39 @@ def floor_weights(cos: torch.Tensor, floor: Optional[float]) -> torch.Tensor:
 
 
 class LAttQEModel(nn.Module):
-    """Transformer encoder over [query, neighbours] giving per-neighbour weights."""
+    """Transformer encoder over [query, (text,) neighbours] giving per-neighbour weights.
+
+    With ``config.text_token`` the second token is the query's modification text (its embedding, centred on
+    the training texts' mean), marked by a learned type embedding instead of a position; a query without a text
+    leaves that token out (padded), so the model still expands image-only queries. ``config.width`` > 0
+    projects every token to that width first (a small encoder over large embeddings)."""
 
     def __init__(self, config: LAttQEConfig):
         super().__init__()
         self.config = config
         d = config.dim
+        w = config.width or d
         self.scale = math.sqrt(d)  # unit-norm inputs -> entries of order 1
-        self.pos = nn.Parameter(torch.randn(config.max_positions, d) * 0.1)
+        self.pos = nn.Parameter(torch.randn(config.max_positions, w) * 0.1)
         # Fixed input centre (the training gallery's mean embedding; zeros = none). Embedding spaces
         # often share one dominant direction (all cosine similarities ~0.8); the encoder sees
         # normalise(x - centre) so that its tokens differ. The expansion itself uses the raw vectors.
         self.register_buffer("center", torch.zeros(d))
+        if config.width:
+            self.proj = nn.Linear(d, w, bias=False)
+        if config.text_token:
+            self.text_type = nn.Parameter(torch.randn(w) * 0.1)
+            self.register_buffer("text_center", torch.zeros(d))  # the training texts' mean embedding
         layer = nn.TransformerEncoderLayer(
-            d_model=d, nhead=config.heads, dim_feedforward=config.ff_dim or d,
+            d_model=w, nhead=config.heads, dim_feedforward=config.ff_dim or w,
             dropout=config.dropout, batch_first=True,
         )
         self.encoder = nn.TransformerEncoder(layer, num_layers=config.layers, enable_nested_tensor=False)
-        self.head = nn.Linear(d, 1)  # relevance classifier, training only
+        self.head = nn.Linear(w, 1)  # relevance classifier, training only
+
+    def _tokens(self, x: torch.Tensor, center: torch.Tensor) -> torch.Tensor:
+        x = torch.nn.functional.normalize(x - center, dim=-1, eps=1e-12) * self.scale
+        return self.proj(x) if self.config.width else x
 
     def positions(self, k: int) -> torch.Tensor:
         idx = torch.arange(k + 1).clamp(max=min(self.config.trained_max_k, self.config.max_positions - 1))
@@ -106,21 +125,33 @@ class LAttQEModel(nn.Module):
 
     def forward(
         self, query: torch.Tensor, neighbours: torch.Tensor, mask: Optional[torch.Tensor] = None,
+        text: Optional[torch.Tensor] = None, text_mask: Optional[torch.Tensor] = None,
     ) -> Tuple[torch.Tensor, torch.Tensor]:
-        """query (B, D), neighbours (B, k, D), mask (B, k) True = present.
+        """query (B, D), neighbours (B, k, D), mask (B, k) True = present; ``text`` (B, D) the modification
+        texts' embeddings and ``text_mask`` (B,) True = the query has one (a text model only; ignored otherwise).
 
         Returns (weights (B, k), zero where masked; relevance logits (B, k)).
         """
         b, k, _ = neighbours.shape
-        x = torch.cat([query[:, None, :], neighbours], dim=1) - self.center
-        x = torch.nn.functional.normalize(x, dim=-1, eps=1e-12) * self.scale
+        dev = neighbours.device
+        x = self._tokens(torch.cat([query[:, None, :], neighbours], dim=1), self.center)
         if self.config.positional:
             x = x + self.positions(k)[None]
+        present = torch.ones(b, k, dtype=torch.bool, device=dev) if mask is None else mask.bool()
+        lead = [torch.ones(b, 1, dtype=torch.bool, device=dev)]  # the query is always there
+        if self.config.text_token:
+            if text is None:
+                text, has = torch.zeros_like(query), torch.zeros(b, dtype=torch.bool, device=dev)
+            else:
+                has = torch.ones(b, dtype=torch.bool, device=dev) if text_mask is None else text_mask.bool()
+            t = self._tokens(text, self.text_center) + self.text_type
+            x = torch.cat([x[:, :1], t[:, None, :], x[:, 1:]], dim=1)
+            lead.append(has[:, None])
         pad = None
-        if mask is not None:
-            pad = torch.cat([torch.zeros(b, 1, dtype=torch.bool, device=mask.device), ~mask.bool()], dim=1)
+        if mask is not None or len(lead) > 1:
+            pad = ~torch.cat([*lead, present], dim=1)
         y = self.encoder(x, src_key_padding_mask=pad)
-        qt, dt = y[:, 0], y[:, 1:]
+        qt, dt = y[:, 0], y[:, len(lead):]
         w = floor_weights(torch.nn.functional.cosine_similarity(qt[:, None, :], dt, dim=-1, eps=1e-8),
                           self.config.weight_floor)
         if mask is not None:
@@ -129,17 +160,19 @@ class LAttQEModel(nn.Module):
 
     def expand(
         self, query: torch.Tensor, neighbours: torch.Tensor, mask: Optional[torch.Tensor] = None,
+        text: Optional[torch.Tensor] = None, text_mask: Optional[torch.Tensor] = None,
     ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Expanded queries (B, D) L2-normalised, weights (B, k), relevance logits (B, k)."""
-        w, logits = self(query, neighbours, mask)
+        w, logits = self(query, neighbours, mask, text, text_mask)
         v = query + torch.einsum("bk,bkd->bd", w, neighbours)
         return torch.nn.functional.normalize(v, dim=-1, eps=1e-12), w, logits
 
 
 @torch.no_grad()
-def expand_numpy(model: LAttQEModel, query: np.ndarray, neighbours: np.ndarray, batch: int = 256
-                 ) -> Tuple[np.ndarray, np.ndarray]:
-    """Batched inference: query (B, D), neighbours (B, k, D) -> (expanded (B, D), weights (B, k)).
+def expand_numpy(model: LAttQEModel, query: np.ndarray, neighbours: np.ndarray, batch: int = 256,
+                 text: Optional[np.ndarray] = None) -> Tuple[np.ndarray, np.ndarray]:
+    """Batched inference: query (B, D), neighbours (B, k, D) -> (expanded (B, D), weights (B, k)); ``text``
+    (B, D): the queries' modification texts (read by a text model only; None: no query has one).
     At weight floor 1 every weight is 0 whatever the encoder says: the query comes back without running it."""
     if model.config.weight_floor is not None and model.config.weight_floor >= 1.0:
         return l2n(query), np.zeros(np.asarray(neighbours).shape[:2], np.float32)
@@ -149,7 +182,9 @@ def expand_numpy(model: LAttQEModel, query: np.ndarray, neighbours: np.ndarray, 
     for s in range(0, len(query), batch):
         q = torch.as_tensor(np.ascontiguousarray(query[s:s + batch]), dtype=torch.float32, device=dev)
         n = torch.as_tensor(np.ascontiguousarray(neighbours[s:s + batch]), dtype=torch.float32, device=dev)
-        v, w, _ = model.expand(q, n)
+        t = None if text is None else torch.as_tensor(np.ascontiguousarray(text[s:s + batch]), dtype=torch.float32,
+                                                      device=dev)
+        v, w, _ = model.expand(q, n, text=t)
         outs.append(v.cpu().numpy())
         ws.append(w.cpu().numpy())
     d = query.shape[-1]
@@ -171,7 +206,8 @@ def save_lattqe(model: LAttQEModel, path: Path, fingerprint: str, extra: Optiona
     recipe = extra.pop("train", None)
     names = {"val_map": "lattqe", "val_map_none": "none", "val_map_aqe": "aqe"}
     scores = {names[k]: float(extra[k]) for k in names if k in extra}
-    validation = {"split": "val", "metric": "mAP", "scores": scores} if len(scores) >= 2 else None
+    validation = extra.pop("validation", None) or (
+        {"split": "val", "metric": "mAP", "scores": scores} if len(scores) >= 2 else None)
     path = Path(path).with_suffix(".safetensors")
     record = make_record("lattqe", fingerprint, asdict(model.config), recipe, validation,
                          embed_dim=model.config.dim, weights=path.name, **extra)
@@ -192,11 +228,13 @@ def load_lattqe(path: Path, fingerprint: Optional[str] = None, device: str = "cp
     return model.to(device).eval(), ck.record
 
 
-def find_checkpoints(checkpoint_dir, fingerprint: Optional[str] = None, embed_dim: Optional[int] = None
-                     ) -> List[Tuple[Path, Dict[str, Any]]]:
+def find_checkpoints(checkpoint_dir, fingerprint: Optional[str] = None, embed_dim: Optional[int] = None,
+                     text: bool = False) -> List[Tuple[Path, Dict[str, Any]]]:
     """[(path, record)] of the LAttQE checkpoints on the search path for ``fingerprint`` / ``embed_dim``, best
-    first by the layer's tie rule (:func:`engine.checkpoints.find`)."""
-    return find("lattqe", fingerprint, checkpoint_dir, dim=embed_dim)
+    first by the layer's tie rule (:func:`engine.checkpoints.find`); ``text``: the text-conditioned ones
+    (``config.text_token``) instead of the image-only ones."""
+    return [(p, r) for p, r in find("lattqe", fingerprint, checkpoint_dir, dim=embed_dim)
+            if bool(r["config"].get("text_token")) == bool(text)]
 
 
 # -- the expander ------------------------------------------------------------------------------
@@ -217,11 +255,17 @@ class LAttQEExpander(Expander):
         self.record = record or {}
 
     @torch.no_grad()
-    def expand(self, query, neighbours, sims) -> Expansion:
+    def expand(self, query, neighbours, sims, text=None) -> Expansion:
         q, nb, _ = check_inputs(query, neighbours, sims)
         if q.shape[0] != self.model.config.dim:
             raise InputError(f"LAttQE model expects {self.model.config.dim}-d vectors, got {q.shape[0]}-d")
-        vec, w = expand_numpy(self.model, q[None], nb[None])
+        t = None
+        if text is not None and self.model.config.text_token:  # an image-only model does not read the text
+            t = np.asarray(text, dtype=np.float32).reshape(-1)
+            if t.shape[0] != q.shape[0] or not np.all(np.isfinite(t)):
+                raise InputError(f"the text embedding must be a finite {q.shape[0]}-d vector like the query")
+            t = t[None]
+        vec, w = expand_numpy(self.model, q[None], nb[None], text=t)
         return Expansion(
             vector=vec[0],
             weights=w[0],
@@ -233,8 +277,17 @@ class LAttQEExpander(Expander):
                 "n": int(nb.shape[0]),
                 "weights": [float(x) for x in w[0]],
                 "checkpoint": self.record.get("weights", ""),
+                **({"text_token": t is not None} if self.model.config.text_token else {}),
             },
         )
+
+
+class LAttQETextExpander(LAttQEExpander):
+    """LAttQE whose sequence holds the query's modification text as a token (``config.text_token``): the
+    attention can weigh the neighbours that agree with the edit. Image-only queries run without that token."""
+
+    name, label = "lattqe-text", "LAttQE with the text (learned attention)"
+    reads_text = True
 
 
 @EXPANDERS.register("lattqe")
@@ -253,6 +306,26 @@ def make_lattqe(embed_dim=None, checkpoint_dir=None, fingerprint=None, **_):
     except CheckpointError as exc:
         raise ExpanderUnavailable(str(exc)) from exc
     return LAttQEExpander(model, record)
+
+
+TEXT_TRAIN = "python -m engine train lattqe --composed"
+
+
+@EXPANDERS.register("lattqe-text")
+def make_lattqe_text(embed_dim=None, checkpoint_dir=None, fingerprint=None, **_):
+    """Text-conditioned LAttQE from the first matching checkpoint (``config.text_token``) on the search path;
+    ExpanderUnavailable if none."""
+    hits = find_checkpoints(checkpoint_dir, fingerprint, embed_dim, text=True)
+    if not hits:
+        where = Path(checkpoint_dir).name if checkpoint_dir else "no checkpoint folder"
+        raise ExpanderUnavailable(
+            f"no text-conditioned LAttQE checkpoint for backbone {fingerprint or '?'} ({embed_dim or '?'}-d) in "
+            f"{where}; train one with `{TEXT_TRAIN}`")
+    try:
+        model, record = load_lattqe(hits[0][0], fingerprint=fingerprint)
+    except CheckpointError as exc:
+        raise ExpanderUnavailable(str(exc)) from exc
+    return LAttQETextExpander(model, record)
 
 
 def validation_shortfall(record: Optional[Dict[str, Any]]) -> Optional[str]:

@@ -23,6 +23,7 @@ from .data import class_list, fashion_mnist_pca, load_features, split_classes
 from .loop import choose_floor, cir_guard, train_lattqe
 from .model import TrainConfig
 from .report import plot_history
+from .composed import ComposedConfig
 from ...backbones import create_backbone
 
 
@@ -36,6 +37,12 @@ def _parser() -> argparse.ArgumentParser:
                           "reports on the held-out test classes")
     src.add_argument("--fashion-mnist", action="store_true",
                      help="stand-in: Fashion-MNIST pixels projected by PCA (see --pca; CIS_FASHION_MNIST_DIR)")
+    src.add_argument("--composed", action="store_true",
+                     help="text-conditioned LAttQE (the modification text as a token) trained on composed queries "
+                          "of the offline CIR train split (--methods compose them with --backbone); epoch and "
+                          "weight floor chosen on the CIR val split")
+    p.add_argument("--methods", default="sum,rtic",
+                   help="--composed: the composers whose queries it trains and is chosen on (comma list)")
     p.add_argument("--backbone", default="packaged", help="backbone for --labelled (create_backbone name)")
     p.add_argument("--device", default="auto")
     p.add_argument("--max-per-class", type=int, default=0, help="--labelled: at most N images per class and split")
@@ -50,17 +57,25 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--fingerprint", default="", help="backbone fingerprint (overrides the one in --features)")
     p.add_argument("--val-frac", type=float, default=0.3, help="share of classes held out for validation")
     p.add_argument("--out", type=Path, default=None, help="checkpoint folder (default: CIS_CHECKPOINTS)")
-    p.add_argument("--name", default="lattqe", help="checkpoint file stem (lattqe*.safetensors/json)")
+    p.add_argument("--name", default="", help="checkpoint file stem (lattqe*.safetensors/json; default lattqe, "
+                                              "with --composed lattqe-<backbone>-text)")
     p.add_argument("--report", type=Path, default=None,
                    help="folder for eval JSON + PNG plots (mAP vs nQE on held-out classes, training curves)")
     p.add_argument("--eval-queries", type=int, default=1000)
     p.add_argument("--nqe-list", default=",".join(map(str, NQE_LIST)), help="nQE values of the report's curves")
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: leave as is)")
     p.add_argument("--quiet", action="store_true")
-    for f in fields(TrainConfig):
+    # the recipe's options; left out of the namespace when not given, so that each recipe (image-only TrainConfig,
+    # --composed ComposedConfig) keeps its own defaults
+    train_names = {f.name for f in fields(TrainConfig)}
+    for f in [*fields(TrainConfig), *(f for f in fields(ComposedConfig) if f.name not in train_names)]:
         if f.name in ("positional", "center_inputs", "keep_query"):
             continue
-        p.add_argument("--" + f.name.replace("_", "-"), type=type(f.default), default=f.default)
+        p.add_argument("--" + f.name.replace("_", "-"), type=type(f.default),
+                       default=f.default if f.name == "seed" else argparse.SUPPRESS,
+                       help=f"(default {f.default}" + (f"; --composed: {getattr(ComposedConfig, f.name)})"
+                                                       if hasattr(ComposedConfig, f.name) and f.name in train_names
+                                                       and getattr(ComposedConfig, f.name) != f.default else ")"))
     p.add_argument("--no-positional", action="store_true", help="ablation: no positional encodings")
     p.add_argument("--no-center", action="store_true", help="ablation: feed raw (uncentred) vectors to the encoder")
     p.add_argument("--refloor", type=Path, default=None, metavar="CHECKPOINT",
@@ -75,7 +90,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _train_config(args) -> TrainConfig:
-    return TrainConfig(**{f.name: getattr(args, f.name) for f in fields(TrainConfig)
+    return TrainConfig(**{f.name: getattr(args, f.name, f.default) for f in fields(TrainConfig)
                           if f.name not in ("positional", "center_inputs", "keep_query")},
                        positional=not args.no_positional, center_inputs=not args.no_center,
                        keep_query=not args.no_keep_query)
@@ -142,6 +157,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     settings = Settings()
     images.configure(settings)
     locations.configure(settings)
+    if args.composed:
+        return _composed(args, settings)
+    args.name = args.name or "lattqe"
     cfg = _train_config(args)
     x, y, tr, va, test, fp, source = _data(args)
     print(f"LAttQE: {source}; {tr.sum()} training items ({len(np.unique(y[tr]))} classes), "
@@ -208,3 +226,44 @@ def _refloor(args, cfg: TrainConfig, fp: str, val_x: np.ndarray, val_y: np.ndarr
 
 if __name__ == "__main__":
     raise SystemExit(main())
+
+
+def _composed(args, settings) -> int:
+    """``--composed``: text-conditioned LAttQE on the offline CIR set's composed queries (engine.train.lattqe.composed)."""
+    from ...checkpoints import file_name
+    from .composed import (build_set, choose_composed_floor, composed_eval, composed_sets, mean_r10, page_nqe,
+                           train_composed)
+
+    cfg = ComposedConfig(**{f.name: getattr(args, f.name, f.default) for f in fields(ComposedConfig)})
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    device = "cpu" if args.device == "auto" else args.device
+    backbone = create_backbone(args.backbone, device)
+    t0 = time.time()
+    raw = composed_sets(backbone, methods, settings)
+    train, val = (build_set(*raw[s]) for s in ("train", "val"))
+    nqe = page_nqe(backbone, settings, raw["val"])
+    print(f"LAttQE (text): {len(train.q)} composed training queries ({', '.join(methods)}), {len(val.q)} validation "
+          f"queries; page nQE on validation {sorted(set(nqe.tolist()))}")
+    model, history = train_composed(train, val, cfg, val_nqe=nqe, progress=not args.quiet)
+    best = max(history, key=lambda h: h["val_r10"])
+    floor = choose_composed_floor(model, val, nqe)
+    at_page, at_8 = composed_eval(model, val, nqe), composed_eval(model, val, 8)
+    figures = {"page_nqe": at_page, "nqe_8": at_8}
+    changed = sum(v["top10_changed"] for v in at_page.values())
+    extra = {"train": {**asdict(cfg), "methods": methods}, "data": "offline CIR train split (held-out sources left "
+             "out), composed by " + "+".join(methods), "best_epoch": best["epoch"], "floor_selection": floor,
+             "validation": {"split": "val", "metric": "R@10", "scores": {
+                 "lattqe-text": round(mean_r10(at_page), 2), "none": round(mean_r10(at_page, "r10_none"), 2)}},
+             "composed_val": figures, "queries_changed_val": changed,
+             "train_seconds": round(time.time() - t0, 1), "history": history,
+             "command": "python -m engine train lattqe --composed" + (
+                 f" --methods {args.methods}" if args.methods != "sum,rtic" else "")}
+    out_dir = args.out or Path(settings.checkpoints)
+    name = args.name or Path(file_name("lattqe", backbone.name, "text")).stem
+    path = save_lattqe(model, out_dir / f"{name}.safetensors", backbone.fingerprint, extra)
+    print(f"best epoch {best['epoch']}, weight floor {floor['weight_floor']:g}; checkpoint {path}")
+    for label, res in (("page nQE", at_page), ("nQE 8", at_8)):
+        for m, v in res.items():
+            print(f"  val {label:8s} {m:10s} R@10 none {v['r10_none']:6.2f}  lattqe-text {v['r10']:6.2f}  "
+                  f"(no text {v['r10_no_text']:6.2f}); top 10 changed on {v['top10_changed']} of {v['queries']}")
+    return 0
