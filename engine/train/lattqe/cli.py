@@ -11,7 +11,7 @@ from typing import Optional, Sequence
 import numpy as np
 import torch
 
-from ...checkpoints import figures_of
+from ...checkpoints import figures_of, file_name
 from ... import images
 from ...config import Settings
 from ...data import locations
@@ -23,7 +23,8 @@ from .data import class_list, fashion_mnist_pca, load_features, split_classes
 from .loop import choose_floor, cir_guard, train_lattqe
 from .model import TrainConfig
 from .report import plot_history
-from .composed import ComposedConfig
+from .composed import (ComposedConfig, build_set, choose_composed_floor, composed_eval, composed_sets, mean_r10,
+                       page_nqe, train_composed)
 from ...backbones import create_backbone
 
 
@@ -230,10 +231,6 @@ if __name__ == "__main__":
 
 def _composed(args, settings) -> int:
     """``--composed``: text-conditioned LAttQE on the offline CIR set's composed queries (engine.train.lattqe.composed)."""
-    from ...checkpoints import file_name
-    from .composed import (build_set, choose_composed_floor, composed_eval, composed_sets, mean_r10, page_nqe,
-                           train_composed)
-
     cfg = ComposedConfig(**{f.name: getattr(args, f.name, f.default) for f in fields(ComposedConfig)})
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     device = "cpu" if args.device == "auto" else args.device

@@ -29,7 +29,12 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from ...checkpoints import search_path
+from ...compose import COMPOSERS, ComposerUnavailable
+from ...data.heldout import held_out_cir_images, keep_row
+from ...defaults import engine_defaults
 from ...errors import InputError
+from ...eval.cir import cir_tensors, compose_queries
 from ...expand.base import l2n
 from ...expand.lattqe import LAttQEConfig, LAttQEModel, expand_numpy
 from ..budget import another_epoch_fits
@@ -270,11 +275,6 @@ def composed_sets(backbone, methods: Sequence[str], settings) -> Dict[str, tuple
     """{"train"/"val": the arguments of :func:`build_set`} from the offline CIR set: the train split without the
     held-out sources' queries, each query composed by ``methods`` (registered composers that load for
     ``backbone``) at alpha 0.5 as `eval offline` composes them, and its text encoded by the backbone."""
-    from ...checkpoints import search_path
-    from ...compose import COMPOSERS, ComposerUnavailable
-    from ...data.heldout import held_out_cir_images, keep_row
-    from ...eval.cir import cir_tensors, compose_queries
-
     composers = {}
     for name in methods:
         if name not in COMPOSERS:
@@ -301,8 +301,6 @@ def composed_sets(backbone, methods: Sequence[str], settings) -> Dict[str, tuple
 def page_nqe(backbone, settings, raw: tuple, name: str = "lattqe-text") -> np.ndarray:
     """(Q * methods,) the nQE the page's defaults give ``name`` on each query's gallery group (engine.defaults),
     in :func:`build_set`'s row order."""
-    from ...defaults import engine_defaults
-
     qv, _, queries, gallery, _, _ = raw
     d = engine_defaults(backbone, settings)
     sizes: Dict[str, int] = {}
