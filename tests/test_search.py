@@ -171,3 +171,31 @@ def test_leaving_the_reference_out_keeps_a_mirror_image_that_embeds_like_it(pack
     resp = search(engine, image=buf.getvalue(), method="image", k=len(names), exclude_reference=True)
     ids = [r.id for r in resp.results]
     assert orig_id not in ids and mirror_id in ids and ids[0] == mirror_id
+
+
+def test_the_modification_text_reaches_only_an_expander_that_reads_it(gallery_engine, monkeypatch):
+    """The search hands the query's text embedding to a text-conditioned expander (lattqe-text), None for an
+    image-only query, and nothing to the expanders that do not read it."""
+    from dataclasses import replace
+
+    from engine.expand.base import Expander, Expansion, l2n
+
+    class Recorder(Expander):
+        def __init__(self, name, reads):
+            self.name, self.reads_text, self.seen = name, reads, []
+
+        def expand(self, query, neighbours, sims, text=None):
+            self.seen.append(text)
+            return Expansion(l2n(query + neighbours.mean(0)), np.ones(len(neighbours), np.float32), {})
+
+    eng = gallery_engine
+    reads, ignores = Recorder("reads", True), Recorder("ignores", False)
+    monkeypatch.setitem(eng.expanders, "reads", reads)
+    monkeypatch.setitem(eng.expanders, "ignores", ignores)
+    monkeypatch.setattr(eng, "defaults", replace(eng.defaults, floor={"reads": -1.0, "ignores": -1.0}))
+    search(eng, image=3, text="a red one", method="sum", k=5, expand="reads", nqe=4)
+    search(eng, image=3, text="a red one", method="sum", k=5, expand="ignores", nqe=4)
+    search(eng, image=3, method="image", k=5, expand="reads", nqe=4)
+    want = eng.backbone.encode_texts(["a red one"]).embeddings[0].float().numpy()
+    assert reads.seen[0].shape == want.shape and np.allclose(reads.seen[0], want, atol=1e-5)
+    assert reads.seen[1] is None and ignores.seen == [None]
