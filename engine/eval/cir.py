@@ -93,6 +93,22 @@ def compose_queries(backbone, composers: dict, queries, ref_emb: torch.Tensor,
     return out
 
 
+def query_texts(backbone, queries, batch: int = 256) -> np.ndarray:
+    """(Q, D) the embeddings of the queries' modification texts (``text``), what the search hands a
+    text-conditioned expander (engine.expand.base.Expander.expand)."""
+    out = []
+    with torch.no_grad():
+        for i in range(0, len(queries), batch):
+            emb = backbone.encode_texts([q["text"] for q in queries[i:i + batch]]).embeddings
+            out.append(np.asarray(emb.detach().float().cpu().numpy() if torch.is_tensor(emb) else emb, np.float32))
+    return np.concatenate(out) if out else np.zeros((0, backbone.embed_dim), np.float32)
+
+
+def reads_text(expanders: Optional[dict]) -> bool:
+    """Whether any of ``expanders`` reads the query's modification text (then :func:`query_texts` is needed)."""
+    return any(getattr(e, "reads_text", False) for e in (expanders or {}).values())
+
+
 def rank_queries(qvecs: np.ndarray, queries, gallery, gemb, pos, expanders: Optional[dict] = None,
                  nqe=8, restrict: Optional[np.ndarray] = None, floor=None, density: Optional[np.ndarray] = None,
                  hub: float = 0.0, texts: Optional[np.ndarray] = None) -> Dict[str, np.ndarray]:

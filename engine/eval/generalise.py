@@ -47,7 +47,7 @@ from ..data.tone import edited_file
 from ..data.vocabulary import training_texts, training_vocabulary
 from ..index import hubs
 from ..defaults import EngineDefaults, engine_defaults, gallery_nqe, write_defaults
-from .cir import available_expanders, cir_composers, compose_queries, group_density, rank_queries
+from .cir import available_expanders, cir_composers, compose_queries, group_density, query_texts, rank_queries
 from .generalise_open import open_queries
 from .hubness import hubness
 
@@ -230,10 +230,11 @@ def suite_tensors(backbone, suite: Suite):
 
 def rank_suite(qvecs: np.ndarray, suite: Suite, gallery, gemb, pos, expander=None, nqe: int = 0,
                fraction: float = 1.0, floor: float = -1.0, hub: float = 0.0,
-               density: Optional[np.ndarray] = None) -> np.ndarray:
+               density: Optional[np.ndarray] = None, texts: Optional[np.ndarray] = None) -> np.ndarray:
     """1-based best target rank of every query (reference left out); with ``expander``, re-ranked after
     expanding from the first ``gallery_nqe(nqe, gallery size)`` results of the query's own gallery; ``hub``:
-    the hub correction's weight, ``density`` each row's (:func:`engine.eval.cir.group_density`)."""
+    the hub correction's weight, ``density`` each row's (:func:`engine.eval.cir.group_density`); ``texts``: the
+    queries' text embeddings, for a text-conditioned expander."""
 
     ranks = np.zeros(len(suite.queries), np.int64)
     for g, members in suite.galleries.items():
@@ -243,7 +244,7 @@ def rank_suite(qvecs: np.ndarray, suite: Suite, gallery, gemb, pos, expander=Non
         exps = {"x": expander} if expander is not None else None
         r = rank_queries(qvecs[sel], [suite.queries[i] for i in sel], gallery, gemb, pos, exps,
                          nqe=gallery_nqe(nqe, len(members), fraction), floor=lambda name: floor,
-                         density=density, hub=hub)
+                         density=density, hub=hub, texts=None if texts is None else texts[sel])
         ranks[sel] = r["x" if expander is not None else "none"]
     return ranks
 
@@ -259,6 +260,7 @@ def evaluate(backbone, settings: Settings, side: str, composers: Optional[dict] 
     trusts: dict = {}
     qv = compose_queries(backbone, composers, suite.queries, ref_emb, ref_paths=ref_paths, trusts=trusts)
     kinds = np.array([q["kind"] for q in suite.queries])
+    texts = query_texts(backbone, suite.queries)  # what a text-conditioned expander (lattqe-text) reads
     d = defaults or engine_defaults(backbone, settings)
     density = group_density(gallery, gemb)
     results, plain = {}, {}
@@ -269,11 +271,11 @@ def evaluate(backbone, settings: Settings, side: str, composers: Optional[dict] 
         for ex_name, ex in _expanders(backbone, settings).items():
             for name, vecs in qv.items():
                 r = rank_suite(vecs, suite, gallery, gemb, pos, ex, d.nqe_for(ex_name), d.nqe_fraction,
-                               d.floor_for(ex_name), d.hub_weight_for(name), density)
+                               d.floor_for(ex_name), d.hub_weight_for(name), density, texts)
                 results[(name, ex_name)] = summarise(r, kinds)
     return {"side": side, "suite": suite.summary(), "results": results, "suite_obj": suite, "density": density,
             "hub": {n: d.hub_weight_for(n) for n in qv},
-            "tensors": (gallery, gemb, pos), "vectors": qv, "kinds": kinds, "trust": trusts, "ranks": plain,
+            "tensors": (gallery, gemb, pos), "vectors": qv, "texts": texts, "kinds": kinds, "trust": trusts, "ranks": plain,
             "classes": operation_classes(backbone, composers, suite.queries),
             "hubness": suite_hubness(qv, suite, gemb, pos, hub={n: d.hub_weight_for(n) for n in qv}, density=density)}
 
@@ -378,7 +380,8 @@ def choose(backbone, settings: Settings, ev: dict, expander_grid: bool = True) -
         rows = {}
         for value in NQE_GRID:
             for fl in FLOOR_GRID:
-                worst = min(summarise(rank_suite(v, suite, gallery, gemb, pos, ex, value, NQE_FRACTION, fl),
+                worst = min(summarise(rank_suite(v, suite, gallery, gemb, pos, ex, value, NQE_FRACTION, fl,
+                                                 texts=ev.get("texts")),
                                       kinds)["all"]["R@10"] - base[n] for n, v in ev["vectors"].items())
                 rows[(value, fl)] = round(worst, 2)
         grid[ex_name] = {f"nqe {v}, floor {fl:g}": w for (v, fl), w in rows.items()}
@@ -462,7 +465,7 @@ def _queries_changed(ev: dict, expander, nqe: int, floor: float) -> int:
     gallery, gemb, pos = ev["tensors"]
     hub, density = ev.get("hub") or {}, ev.get("density")
     return int(sum((rank_suite(v, suite, gallery, gemb, pos, expander, nqe, NQE_FRACTION, floor, hub.get(n, 0.0),
-                               density)
+                               density, ev.get("texts"))
                     != rank_suite(v, suite, gallery, gemb, pos, hub=hub.get(n, 0.0), density=density)).sum()
                    for n, v in ev["vectors"].items()))
 

@@ -29,7 +29,8 @@ from ..index.vectors import create_vector_index
 from ..registry import Registry
 from ..reports import merge_sections
 from . import concepts, edits, expansion, gallery_queries, generalise
-from .cir import (KS, available_expanders, cir_composers, cir_tensors, compose_queries, group_density, rank_queries,
+from .cir import (KS, available_expanders, cir_composers, cir_tensors, compose_queries, group_density, query_texts,
+                  rank_queries, reads_text,
                   recall)
 from .record import write_run_record
 
@@ -70,11 +71,12 @@ def evaluate_cir(backbone, settings: Settings, split: str = "test", nqe: int = 0
     kind_of = np.array([q["kind"] for q in queries])
     timings = {}
     all_vecs = compose_queries(backbone, composers, queries, ref_emb, timings)
+    texts = query_texts(backbone, queries) if reads_text(expanders) else None  # for text-conditioned LAttQE
     density = group_density(gallery, gemb)  # each method ranked with the page's hub correction (engine.index.hubs)
     hub_note = ", ".join(f"{n} {d.hub_weight_for(n):g}" for n in all_vecs if d.hub_weight_for(n)) or "none"
     for name, qvecs in all_vecs.items():
         ranks = rank_queries(qvecs, queries, gallery, gemb, pos, expanders, nqe=nqe, floor=floor, density=density,
-                             hub=d.hub_weight_for(name))
+                             hub=d.hub_weight_for(name), texts=texts)
         if ics is not None:  # the compact index: Hamming short-list of R, then exact re-rank
             _, short = ics.search(qvecs, ics_rerank)
             ranks[f"none @ {ics.kind} (R={ics_rerank})"] = rank_queries(qvecs, queries, gallery, gemb, pos,

@@ -34,7 +34,7 @@ from ...compose import COMPOSERS, ComposerUnavailable
 from ...data.heldout import held_out_cir_images, keep_row
 from ...defaults import engine_defaults
 from ...errors import InputError
-from ...eval.cir import cir_tensors, compose_queries
+from ...eval.cir import cir_tensors, compose_queries, query_texts
 from ...expand.base import l2n
 from ...expand.lattqe import LAttQEConfig, LAttQEModel, expand_numpy
 from ..budget import another_epoch_fits
@@ -291,9 +291,7 @@ def composed_sets(backbone, methods: Sequence[str], settings) -> Dict[str, tuple
             queries = [q for q in queries if keep_row([q["reference"], *q["targets"]], held)]
         ref = torch.from_numpy(np.asarray(gemb[[pos[q["reference"]] for q in queries]], np.float32))
         qv = compose_queries(backbone, composers, queries, ref)
-        with torch.no_grad():
-            texts = backbone.encode_texts([q["text"] for q in queries]).embeddings
-        texts = np.asarray(texts.detach().float().cpu().numpy() if torch.is_tensor(texts) else texts, np.float32)
+        texts = query_texts(backbone, queries)
         out[split] = (qv, texts, queries, gallery, gemb, pos)
     return out
 
