@@ -21,6 +21,7 @@ the expander per method, and how many validation queries' top 10 it changes.
 from __future__ import annotations
 
 import copy
+import re
 import time
 from dataclasses import asdict, dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -57,6 +58,7 @@ class ComposedConfig:
     rank_positives: int = 8
     rank_temperature: float = 0.05
     text_drop: float = 0.2
+    agree_label: float = 0.5  # the weight target of a non-target neighbour that has the edit's attribute
     val_nqe: int = 8  # neighbours of the validation figure the epoch is chosen on (as the CIR guard)
     seed: int = 0
     # architecture (a small encoder: a projection to ``width``, then ``layers`` transformer layers)
@@ -71,7 +73,8 @@ class ComposedConfig:
 class ComposedSet:
     """Composed queries over one gallery: ``q`` (Q, D) query vectors, ``t`` (Q, D) their texts' embeddings,
     ``cand`` (Q, C) the candidate gallery rows of each query in first-stage order (-1 padding; the reference and
-    the other groups left out), ``rel`` (Q, C) True where the candidate is a target, ``gallery`` (G, D)."""
+    the other groups left out), ``rel`` (Q, C) True where the candidate is a target, ``agree`` (Q, C) True where it
+    has the attribute the edit asks for (its category, colour or caption names it), ``gallery`` (G, D)."""
 
     q: np.ndarray
     t: np.ndarray
@@ -79,6 +82,27 @@ class ComposedSet:
     rel: np.ndarray
     gallery: np.ndarray
     method: np.ndarray  # (Q,) the composer each query came from
+    agree: Optional[np.ndarray] = None
+
+    def labels(self, idx: np.ndarray, k: int, agree_label: float) -> np.ndarray:
+        """(B, k) weight targets of the first k candidates: 1 for a target, ``agree_label`` for another
+        candidate with the edit's attribute, 0 otherwise."""
+        rel = self.rel[idx, :k].astype(np.float32)
+        if self.agree is not None and agree_label:
+            rel = np.maximum(rel, agree_label * self.agree[idx, :k])
+        return rel
+
+
+def agrees(item: dict, attribute: Optional[str]) -> bool:
+    """Whether a gallery record has the attribute an edit asks for: its category or colour is it, or its caption
+    names it as a whole phrase ("man" in "man, bald" but not in "woman"; "medium" not in "medium-dark")."""
+    if not attribute:
+        return False
+    a = str(attribute).lower()
+    if a in (str(item.get("category") or "").lower(), str(item.get("colour") or "").lower()):
+        return True
+    cap = str(item.get("caption") or "").lower()
+    return bool(cap) and re.search(r"(^|[\s,(])" + re.escape(a) + r"($|[\s,)])", cap) is not None
 
 
 def build_set(qvecs: Dict[str, np.ndarray], texts: np.ndarray, queries: Sequence[dict], gallery: Sequence[dict],
@@ -88,7 +112,7 @@ def build_set(qvecs: Dict[str, np.ndarray], texts: np.ndarray, queries: Sequence
     (the first stage's top ones)."""
     groups = np.array([g["gallery"] for g in gallery])
     gemb = l2n(gemb)
-    rows_q, rows_t, rows_c, rows_r, rows_m = [], [], [], [], []
+    rows_q, rows_t, rows_c, rows_r, rows_m, rows_a = [], [], [], [], [], []
     for name, vecs in qvecs.items():
         vecs = l2n(vecs)
         for qi, rec in enumerate(queries):
@@ -100,11 +124,12 @@ def build_set(qvecs: Dict[str, np.ndarray], texts: np.ndarray, queries: Sequence
             c[:len(order)] = order
             rows_c.append(c)
             rows_r.append(np.isin(c, list(targets)) & (c >= 0))
+            rows_a.append(np.array([i >= 0 and agrees(gallery[i], rec.get("attribute")) for i in c], bool))
             rows_q.append(vecs[qi])
             rows_t.append(texts[qi])
             rows_m.append(name)
     return ComposedSet(np.stack(rows_q).astype(np.float32), l2n(np.stack(rows_t)), np.stack(rows_c),
-                       np.stack(rows_r), gemb.astype(np.float32), np.array(rows_m))
+                       np.stack(rows_r), gemb.astype(np.float32), np.array(rows_m), np.stack(rows_a))
 
 
 def new_model(cfg: ComposedConfig, data: ComposedSet) -> LAttQEModel:
@@ -126,8 +151,7 @@ def _batch_loss(model: LAttQEModel, data: ComposedSet, idx: np.ndarray, k: int, 
     t = torch.as_tensor(data.t[idx])
     has_text = torch.as_tensor(rng.random(len(idx)) >= cfg.text_drop)
     qhat, w, _ = model.expand(q, g[np.maximum(nb, 0)], mask, text=t, text_mask=has_text)
-    rel = torch.as_tensor(data.rel[idx, :k]).float()
-    l_w = weight_loss(w, rel, mask)
+    l_w = weight_loss(w, torch.as_tensor(data.labels(idx, k, cfg.agree_label)), mask)
     # ranking: the query's targets (up to rank_positives) against the closest non-targets of the first stage
     pos_ids = np.zeros((len(idx), cfg.rank_positives), np.int64)
     pos_mask = np.zeros((len(idx), cfg.rank_positives), bool)
@@ -201,6 +225,8 @@ def composed_eval(model: LAttQEModel, data: ComposedSet, nqe) -> Dict[str, dict]
         out[name] = {"queries": int(m.sum()), "r10_none": round(100.0 * float(np.mean(r0[m] <= 10)), 2),
                      "r10": round(100.0 * float(np.mean(r1[m] <= 10)), 2),
                      "r10_no_text": round(100.0 * float(np.mean(r2[m] <= 10)), 2),
+                     "r1_none": round(100.0 * float(np.mean(r0[m] <= 1)), 2),
+                     "r1": round(100.0 * float(np.mean(r1[m] <= 1)), 2),
                      "top10_changed": int(np.sum(np.any(top0[m] != top1[m], axis=1))),
                      "target_rank_changed": int(np.sum(r0[m] != r1[m]))}
     return out
