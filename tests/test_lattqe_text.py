@@ -120,19 +120,33 @@ def test_training_on_composed_queries_lowers_the_loss():
     model, hist = train_composed(train, val, cfg, progress=False, model=init)
     after = fixed_composed_loss(model, train, cfg, k=8)
     assert after < before - 0.01, (before, after)
-    assert len(hist) == 6 and {"val_r10", "val_r10_none"} <= set(hist[0])
+    assert len(hist) == 6 and {"val_recall", "val_recall_none"} <= set(hist[0])
     res = composed_eval(model, val, 8)["sum"]
     assert res["queries"] == 16 and 0 <= res["top10_changed"] <= 16
 
 
 def test_build_set_leaves_out_the_reference_and_other_groups():
     gallery = [{"image": f"g{i}", "gallery": "a" if i < 4 else "b"} for i in range(6)]
+    gallery[3]["caption"] = "man, medium skin tone"
+    gallery[1]["caption"] = "man, medium-dark skin tone"
     pos = {g["image"]: i for i, g in enumerate(gallery)}
     gemb = l2n(np.eye(6, D, dtype=np.float32) + 0.1)
-    queries = [{"reference": "g0", "targets": ["g2"], "gallery": "a", "text": "x"}]
+    queries = [{"reference": "g0", "targets": ["g2"], "gallery": "a", "text": "x", "attribute": "medium"}]
     s = build_set({"sum": gemb[[0]]}, gemb[[1]], queries, gallery, gemb, pos, depth=5)
     got = s.cand[0][s.cand[0] >= 0]
     assert sorted(got.tolist()) == [1, 2, 3] and s.rel[0][s.cand[0] == 2].all() and s.rel[0].sum() == 1
+    # weight targets: 1 for the target, the agree label for the neighbour with the edit's attribute ("medium",
+    # not "medium-dark"), 0 for the rest
+    labels = dict(zip(s.cand[0].tolist(), s.labels(np.array([0]), 5, 0.5)[0].tolist()))
+    assert labels[2] == 1.0 and labels[3] == 0.5 and labels[1] == 0.0
+
+
+def test_agrees_matches_whole_attribute_phrases():
+    from engine.train.lattqe.composed import agrees
+
+    assert agrees({"caption": "man, bald"}, "man") and not agrees({"caption": "woman, bald"}, "man")
+    assert agrees({"category": "fish"}, "fish") and agrees({"colour": "blue", "caption": None}, "blue")
+    assert not agrees({"caption": "hand, medium-dark skin tone"}, "medium") and not agrees({"caption": "x"}, None)
 
 
 def test_checkpoint_round_trips_is_found_apart_and_a_tampered_one_is_refused(tmp_path):

@@ -23,7 +23,7 @@ from .data import class_list, fashion_mnist_pca, load_features, split_classes
 from .loop import choose_floor, cir_guard, train_lattqe
 from .model import TrainConfig
 from .report import plot_history
-from .composed import (ComposedConfig, build_set, choose_composed_floor, composed_eval, composed_sets, mean_r10,
+from .composed import (ComposedConfig, build_set, choose_composed_floor, composed_eval, composed_sets, mean_recall,
                        page_nqe, train_composed)
 from ...backbones import create_backbone
 
@@ -42,6 +42,9 @@ def _parser() -> argparse.ArgumentParser:
                      help="text-conditioned LAttQE (the modification text as a token) trained on composed queries "
                           "of the offline CIR train split (--methods compose them with --backbone); epoch and "
                           "weight floor chosen on the CIR val split")
+    p.add_argument("--r10-guard", type=float, default=0.5, metavar="POINTS",
+                   help="--composed: only weight floors that keep every method's validation R@10 within POINTS of "
+                        "no expansion")
     p.add_argument("--methods", default="sum,rtic",
                    help="--composed: the composers whose queries it trains and is chosen on (comma list)")
     p.add_argument("--backbone", default="packaged", help="backbone for --labelled (create_backbone name)")
@@ -242,15 +245,15 @@ def _composed(args, settings) -> int:
     print(f"LAttQE (text): {len(train.q)} composed training queries ({', '.join(methods)}), {len(val.q)} validation "
           f"queries; page nQE on validation {sorted(set(nqe.tolist()))}")
     model, history = train_composed(train, val, cfg, val_nqe=nqe, progress=not args.quiet)
-    best = max(history, key=lambda h: h["val_r10"])
-    floor = choose_composed_floor(model, val, nqe)
+    best = max(history, key=lambda h: h["val_recall"])
+    floor = choose_composed_floor(model, val, nqe, r10_guard=args.r10_guard)
     at_page, at_8 = composed_eval(model, val, nqe), composed_eval(model, val, 8)
     figures = {"page_nqe": at_page, "nqe_8": at_8}
     changed = sum(v["top10_changed"] for v in at_page.values())
     extra = {"train": {**asdict(cfg), "methods": methods}, "data": "offline CIR train split (held-out sources left "
              "out), composed by " + "+".join(methods), "best_epoch": best["epoch"], "floor_selection": floor,
-             "validation": {"split": "val", "metric": "R@10", "scores": {
-                 "lattqe-text": round(mean_r10(at_page), 2), "none": round(mean_r10(at_page, "r10_none"), 2)}},
+             "validation": {"split": "val", "metric": "mean of R@1, R@5, R@10 over " + "+".join(methods), "scores": {
+                 "lattqe-text": round(mean_recall(at_page), 2), "none": round(mean_recall(at_page, none=True), 2)}},
              "composed_val": figures, "queries_changed_val": changed,
              "train_seconds": round(time.time() - t0, 1), "history": history,
              "command": "python -m engine train lattqe --composed" + (
@@ -262,5 +265,7 @@ def _composed(args, settings) -> int:
     for label, res in (("page nQE", at_page), ("nQE 8", at_8)):
         for m, v in res.items():
             print(f"  val {label:8s} {m:10s} R@10 none {v['r10_none']:6.2f}  lattqe-text {v['r10']:6.2f}  "
-                  f"(no text {v['r10_no_text']:6.2f}); top 10 changed on {v['top10_changed']} of {v['queries']}")
+                  f"(no text {v['r10_no_text']:6.2f}); R@1 none {v['r1_none']:6.2f}  lattqe-text {v['r1']:6.2f} "
+                  f"(no text {v['r1_no_text']:6.2f}); "
+                  f"top 10 changed on {v['top10_changed']} of {v['queries']}")
     return 0
