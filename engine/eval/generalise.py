@@ -381,7 +381,7 @@ def choose(backbone, settings: Settings, ev: dict, expander_grid: bool = True) -
         for value in NQE_GRID:
             for fl in FLOOR_GRID:
                 worst = min(summarise(rank_suite(v, suite, gallery, gemb, pos, ex, value, NQE_FRACTION, fl,
-                                                 texts=ev.get("texts")),
+                                                 **_texts(ev)),
                                       kinds)["all"]["R@10"] - base[n] for n, v in ev["vectors"].items())
                 rows[(value, fl)] = round(worst, 2)
         grid[ex_name] = {f"nqe {v}, floor {fl:g}": w for (v, fl), w in rows.items()}
@@ -458,6 +458,11 @@ def choose_auto(ev: dict) -> Optional[dict]:
             "cross_fitted": cross_fitted_score(ranks, ev["classes"], ev["kinds"], groups)}
 
 
+def _texts(ev: dict) -> dict:
+    """``rank_suite``'s ``texts`` argument from an evaluation (none when it holds no text embeddings)."""
+    return {"texts": ev["texts"]} if ev.get("texts") is not None else {}
+
+
 def _queries_changed(ev: dict, expander, nqe: int, floor: float) -> int:
     """How many (composer, validation query) pairs the expander at (nqe, floor) moves the target of: an
     expander that moves none is not offered on the page for this backbone (engine.defaults)."""
@@ -465,7 +470,7 @@ def _queries_changed(ev: dict, expander, nqe: int, floor: float) -> int:
     gallery, gemb, pos = ev["tensors"]
     hub, density = ev.get("hub") or {}, ev.get("density")
     return int(sum((rank_suite(v, suite, gallery, gemb, pos, expander, nqe, NQE_FRACTION, floor, hub.get(n, 0.0),
-                               density, ev.get("texts"))
+                               density, **_texts(ev))
                     != rank_suite(v, suite, gallery, gemb, pos, hub=hub.get(n, 0.0), density=density)).sum()
                    for n, v in ev["vectors"].items()))
 
