@@ -48,9 +48,18 @@ class EngineDefaults:
 
     def offers(self, expander: str) -> bool:
         """Whether the page offers ``expander`` for this backbone: not when validation showed it moves no
-        query's answer at its defaults (the record's ``queries_changed``); without a record, every one."""
+        query's answer at its defaults (the record's ``queries_changed``), nor when it scored below no expansion
+        there (``expander_overall_val``: ``[without, with]`` overall score); without a record, every one."""
+        if expander == "none":
+            return True
+        scores = (self.evidence.get("expander_overall_val") or {}).get(expander)
+        try:
+            if scores is not None and float(scores[1]) < float(scores[0]):
+                return False
+        except (TypeError, ValueError, IndexError, KeyError):
+            pass
         changed = self.evidence.get("queries_changed")
-        if expander == "none" or not isinstance(changed, dict) or expander not in changed:
+        if not isinstance(changed, dict) or expander not in changed:
             return True
         try:
             return int(changed[expander]) > 0

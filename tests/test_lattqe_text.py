@@ -190,3 +190,28 @@ def test_checkpoint_round_trips_is_found_apart_and_a_tampered_one_is_refused(tmp
     save_file(load_file(str(path)), str(other), metadata={RECORD_KEY: json.dumps(record)})
     with pytest.raises(CheckpointError, match="cannot load LAttQE weights"):
         load_lattqe(other, fingerprint="bb@1")
+
+
+def test_an_expander_below_no_expansion_on_validation_is_not_offered(monkeypatch):
+    """EngineDefaults.offers: an expander whose validation overall score with it is below the one without
+    (``expander_overall_val``, filled by the defaults choice) is not offered, even when it moves answers."""
+    import engine.eval.generalise as g
+    from engine.defaults import EngineDefaults
+
+    ev = {"queries_changed": {"lattqe-text": 319, "aqe": 5},
+          "expander_overall_val": {"lattqe-text": [65.31, 64.83], "aqe": [65.31, 65.31]}}
+    d = EngineDefaults(evidence=ev)
+    assert not d.offers("lattqe-text") and d.offers("aqe") and d.offers("none") and d.offers("lattqe")
+    assert EngineDefaults(evidence={"expander_overall_val": {"x": "damaged"}}).offers("x")
+
+    def fake_rank(v, suite, gallery, gemb, pos, expander=None, nqe=0, fraction=1.0, floor=-1.0, hub=0.0,
+                  density=None, texts=None):
+        assert expander is None or texts is not None  # the expander gets the queries' texts
+        return np.where(np.arange(len(v)) < 2, 1, 50) if expander is None else np.full(len(v), 50)
+
+    monkeypatch.setattr(g, "rank_suite", fake_rank)
+    kinds = np.array(["colour"] * 4)
+    evv = {"suite_obj": None, "tensors": (None, None, None), "kinds": kinds, "texts": np.zeros((4, 2)),
+           "vectors": {"rtic": np.zeros((4, 2))}}
+    without, with_ = g._overall_change(evv, "x", 4, -1.0)
+    assert without > with_

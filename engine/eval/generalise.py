@@ -372,10 +372,13 @@ def choose(backbone, settings: Settings, ev: dict, expander_grid: bool = True) -
             vecs = {method: routed_vectors(ev["vectors"], ev["classes"], auto["routes"])}
         else:
             vecs = {method: ev["vectors"][method]}
+        exps = _expanders(backbone, settings)
         changed = {ex_name: _queries_changed({**ev, "vectors": vecs}, ex, kept.nqe_for(ex_name), kept.floor_for(ex_name))
-                   for ex_name, ex in _expanders(backbone, settings).items()}
+                   for ex_name, ex in exps.items()}
+        overall = {ex_name: _overall_change({**ev, "vectors": vecs}, ex, kept.nqe_for(ex_name), kept.floor_for(ex_name))
+                   for ex_name, ex in exps.items()}
         return {**chosen, "nqe": dict(kept.nqe), "floor": dict(kept.floor), "nqe_fraction": kept.nqe_fraction,
-                "queries_changed": changed, "queries_changed_of": method}
+                "queries_changed": changed, "expander_overall_val": overall, "queries_changed_of": method}
     for ex_name, ex in _expanders(backbone, settings).items():
         rows = {}
         for value in NQE_GRID:
@@ -461,6 +464,20 @@ def choose_auto(ev: dict) -> Optional[dict]:
 def _texts(ev: dict) -> dict:
     """``rank_suite``'s ``texts`` argument from an evaluation (none when it holds no text embeddings)."""
     return {"texts": ev["texts"]} if ev.get("texts") is not None else {}
+
+
+def _overall_change(ev: dict, expander, nqe: int, floor: float) -> list:
+    """[overall score without, with the expander at (nqe, floor)] of the evaluation's (one) method's vectors: an
+    expander below no expansion there is not offered on the page (engine.defaults)."""
+    suite, kinds = ev["suite_obj"], ev["kinds"]
+    gallery, gemb, pos = ev["tensors"]
+    hub, density = ev.get("hub") or {}, ev.get("density")
+    out = np.zeros(2)
+    for n, v in ev["vectors"].items():
+        out += [overall_of_ranks(rank_suite(v, suite, gallery, gemb, pos, hub=hub.get(n, 0.0), density=density), kinds),
+                overall_of_ranks(rank_suite(v, suite, gallery, gemb, pos, expander, nqe, NQE_FRACTION, floor,
+                                            hub.get(n, 0.0), density, **_texts(ev)), kinds)]
+    return [round(float(x) / max(1, len(ev["vectors"])), 2) for x in out]
 
 
 def _queries_changed(ev: dict, expander, nqe: int, floor: float) -> int:
