@@ -17,6 +17,7 @@ EXPAND_LABELS = {
     "aqewd": "AQEwD",
     "alpha-qe": "α-QE",
     "lattqe": "LAttQE",
+    "lattqe-text": "LAttQE with the text",
     "dba": "DBA",
     "adba": "ADBA",
     "alpha-dba": "α-DBA",
