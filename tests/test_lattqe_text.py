@@ -215,3 +215,12 @@ def test_an_expander_below_no_expansion_on_validation_is_not_offered(monkeypatch
            "vectors": {"rtic": np.zeros((4, 2))}}
     without, with_ = g._overall_change(evv, "x", 4, -1.0)
     assert without > with_
+
+
+def test_the_shipped_text_model_loads_but_the_page_does_not_offer_it(gallery_engine):
+    """The bundled lattqe-text checkpoint loads for the packaged backbone; its defaults record says it scored below
+    no expansion on the suite's validation side, so the page leaves it out of its choices."""
+    eng = gallery_engine
+    assert "lattqe-text" in eng.expanders, eng.expanders_unavailable
+    assert eng.expanders["lattqe-text"].model.config.text_token
+    assert "lattqe-text" not in eng.offered_expanders() and not eng.defaults.offers("lattqe-text")
