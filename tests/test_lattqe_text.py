@@ -223,4 +223,4 @@ def test_the_shipped_text_model_loads_but_the_page_does_not_offer_it(gallery_eng
     eng = gallery_engine
     assert "lattqe-text" in eng.expanders, eng.expanders_unavailable
     assert eng.expanders["lattqe-text"].model.config.text_token
-    assert "lattqe-text" not in eng.offered_expanders() and not eng.defaults.offers("lattqe-text")
+    assert "lattqe-text" not in eng.offered_expanders and not eng.defaults.offers("lattqe-text")
