@@ -179,7 +179,8 @@ class SearchEngine:
     @property
     def offered_expanders(self) -> List[str]:
         """The expanders the page offers: the available ones that validation showed to move some answer for
-        this backbone (engine.defaults.EngineDefaults.offers); the CLI and the APIs still accept every one."""
+        this backbone without scoring below no expansion (engine.defaults.EngineDefaults.offers); the CLI and the
+        APIs still accept every one."""
         return [n for n in self.expanders if self.defaults.offers(n)]
 
     @property
