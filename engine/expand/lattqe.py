@@ -18,6 +18,12 @@ no expansion. ``weight_floor = None`` (older checkpoints) is the paper's raw cos
 on ``d~_i`` predicts whether neighbour i is relevant (auxiliary BCE loss, training only, off by default). The
 same model applied to gallery items gives LAttDBA (see :mod:`engine.expand.dba`).
 
+Text-conditioned LAttQE (``config.text_token``, expander ``lattqe-text``): the query's modification text is a
+second token, ``[q, t, d_1..d_k]``, marked by a learned type embedding; a query without a text leaves it out (masked),
+so the same model expands image-only queries. Trained on composed queries (``python -m engine train lattqe
+--composed``, :mod:`engine.train.lattqe.composed`). ``config.width`` projects the tokens to a smaller encoder width.
+The ``lattqe`` expander only takes image-only checkpoints and ``lattqe-text`` only text ones (one part, one loader).
+
 Checkpoints: the one record format of :mod:`engine.checkpoints` (``lattqe-<backbone>.safetensors`` with its
 record in the metadata, ``.json`` sidecar beside it); files of the older format (record only in the sidecar)
 are refused with the command that retrains them. :func:`load_lattqe` refuses a checkpoint made for another backbone fingerprint with a
