@@ -20,6 +20,9 @@ Training follows the issue / paper recipe on labelled gallery embeddings:
 LAttQE and the DBA variants as a function of nQE; :func:`bench_expanders` gives the added latency
 per query and the batched throughput of each expander.
 
+``--composed`` trains the text-conditioned variant on composed queries of the offline CIR set instead
+(:mod:`.composed`: the modification text is a token; epoch and floor chosen on the CIR validation split).
+
 Modules: :mod:`.data` (splits, features), :mod:`.model` (recipe, losses, sampler), :mod:`.loop` (training,
 epoch and weight-floor choice), :mod:`.report` (the training history plot), :mod:`.cli` (the command). The expander evaluation (mAP vs nQE,
 plots, tables, cost) is ``engine.eval.expanders`` (with the labelled set's features), below this package; the names are re-exported here.
@@ -27,12 +30,13 @@ plots, tables, cost) is ``engine.eval.expanders`` (with the labelled set's featu
 from ...eval.expanders import (DBA_NAMES, NQE_LIST, QE_METHODS, average_precisions, bench_expanders, encode_labels,
                                evaluate_expanders, format_table, labelled_features, plot_curves, qe_map)
 from .cli import main
+from .composed import ComposedConfig, choose_composed_floor, composed_eval, train_composed
 from .data import fashion_mnist_pca, load_features, split_classes
 from .loop import FLOOR_GRID, choose_floor, cir_guard, fixed_loss, train_lattqe, validation_queries
 from .model import TrainConfig, contrastive_loss, ranking_loss, weight_loss
 from .report import plot_history
 
-__all__ = ["DBA_NAMES", "FLOOR_GRID", "NQE_LIST", "QE_METHODS", "TrainConfig", "average_precisions",
+__all__ = ["ComposedConfig", "DBA_NAMES", "FLOOR_GRID", "choose_composed_floor", "composed_eval", "train_composed", "NQE_LIST", "QE_METHODS", "TrainConfig", "average_precisions",
            "bench_expanders", "choose_floor", "cir_guard", "contrastive_loss", "encode_labels", "evaluate_expanders",
            "fashion_mnist_pca", "fixed_loss", "format_table", "labelled_features", "load_features", "main",
            "plot_curves", "plot_history", "qe_map", "ranking_loss", "split_classes", "train_lattqe",
