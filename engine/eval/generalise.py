@@ -37,9 +37,8 @@ from ..compose import COMPOSERS
 from ..compose.auto import (MEMBERS, choose_routes, cross_fitted_score, overall_of_ranks, routed_vectors,
                            router_of)
 from ..data.features import embed_paths, embed_texts
-from .. import images
 from ..config import Settings
-from ..data import locations
+from ..process import configure_process
 from ..data.formats import image_path, load_split
 from ..data.heldout import is_held_out, words
 from ..data.rules import unit_hash
@@ -570,8 +569,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
 
     settings = Settings()
-    images.configure(settings)
-    locations.configure(settings)
+    configure_process(settings)
     if args.summary:
         for side in SIDES:
             print(json.dumps(build_suite(side).summary()))

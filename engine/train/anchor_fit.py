@@ -35,9 +35,8 @@ from ..backbones import create_backbone
 from ..checkpoints import search_dirs
 from ..compose.context_i2w import load_context_i2w_composer, save_context_i2w
 from ..compose.rtic import load_rtic_composer, save_rtic
-from .. import images
 from ..config import Settings
-from ..data import locations
+from ..process import configure_process
 from ..data.cir_triplets import load_offline_cir
 from ..data.features import embed_paths, embed_texts
 from ..data.heldout import held_out_cir_images, keep_row
@@ -405,8 +404,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                    "checkpoint; fit only the ramps, trusts and per-operation prior text weights again")
     args = p.parse_args(argv)
     settings = Settings()
-    images.configure(settings)
-    locations.configure(settings)
+    configure_process(settings)
     backbone = create_backbone(args.backbone or settings.backbone, args.device, settings=settings)
     anchor_checkpoint(backbone, args.composer, args.checkpoints or settings.checkpoints, keep_banks=args.keep_banks)
     return 0
