@@ -5,8 +5,10 @@ process shares it) and the offline data sets' source folders (:func:`engine.data
 built wherever it is first needed, deep inside a trainer or an evaluation). Every entry point (app.py, a
 command's ``main``, each trainer's ``main``, the tools) calls :func:`configure_process` once where it builds its
 Settings, so a new value of this kind is added here and no entry point can set one and forget the other
-(tests/test_architecture.py). It sits in the offline-data layer because it configures ``engine.data``; the
-serving units below it (``engine.compare``) size the decode budget alone with ``engine.images.configure``.
+(tests/test_architecture.py). It sits in the offline-data layer because it configures ``engine.data``; the few
+entry points that never reach a data set (``engine.compare`` in the serving layer below it, the CLI's
+``index``/``search`` settings, ``eval/triplets.py``, ``loadtest.py``) size the decode budget alone with
+``engine.images.configure``.
 """
 from __future__ import annotations
 
