@@ -330,9 +330,8 @@ def test_every_entry_point_that_reads_the_settings_sizes_the_decode_budget():
                    and not n.keywords for n in ast.walk(ast.parse(text)))
 
     texts = {_rel(path): path.read_text(encoding="utf-8") for path in SOURCES}
-    missing = [rel for rel, text in texts.items()
-               if builds_settings(text) and not re.search(r"configure_process\(|images\.configure\(|configure_decoding\(",
-                                                           text)]
+    sizes = re.compile(r"configure_process\(|images\.configure\(|configure_decoding\(")
+    missing = [rel for rel, text in texts.items() if builds_settings(text) and not sizes.search(text)]
     assert not missing, f"call engine.process.configure_process(settings) where the Settings is built: {missing}"
 
 

@@ -187,8 +187,8 @@ def test_the_hub_grid_ranks_from_one_score_matrix_are_the_per_query_ranks(seed):
     (hub_grid_ranks): the same ranks as rank_queries' per-query loop, weight by weight, ties, a reference that is
     also a target, a target outside the gallery, a reference outside it, a query on its target's picture and
     float32 scores included; and without a density."""
-    from engine.eval.cir import group_density, rank_queries
-    from engine.eval.generalise import HUB_GRID, hub_grid_ranks
+    from engine.eval.cir import group_density, hub_grid_ranks, rank_queries
+    from engine.eval.generalise import HUB_GRID
 
     rng = np.random.default_rng(seed)
     gemb = _unit(rng.normal(size=(40, 8))).astype(np.float32)

@@ -46,10 +46,10 @@ from ..data.tone import edited_file
 from ..data.vocabulary import training_texts, training_vocabulary
 from ..index import hubs
 from ..defaults import EngineDefaults, engine_defaults, gallery_nqe, write_defaults
-from .cir import available_expanders, cir_composers, compose_queries, group_density, rank_queries
+from .cir import (available_expanders, cir_composers, compose_queries, group_density, hub_grid_ranks,
+                  rank_queries)
 from .generalise_open import open_queries
 from .hubness import hubness
-from .metrics import first_hit_ranks
 
 SIDES = ("val", "test")
 SEED = 0
@@ -393,34 +393,6 @@ HUB_TIE = 0.1  # a larger weight must beat a smaller one by more than this (over
 
 
 HUB_GALLERY = "category"  # the suite's gallery of distinct photos: the shape of a gallery the page searches
-
-
-def hub_grid_ranks(qvecs: np.ndarray, queries, gallery, gemb, pos, density: Optional[np.ndarray],
-                   weights: Sequence[float]) -> Dict[float, np.ndarray]:
-    """{weight: plain best-target rank per query (1-based)}: ``rank_queries(qvecs, queries, gallery, gemb, pos,
-    density=density, hub=w)["none"]`` for every weight, from one (B, N) score matrix over the queries' one gallery
-    group (N rows) instead of one ranking per query and weight; the reference is masked out of each row. A row is
-    scored over the same candidates as ``rank_queries`` scores it (one product per query, over its group less its
-    reference), so the scores, and with them the ranks, are the same to the bit."""
-    groups = np.array([g["gallery"] for g in gallery])
-    names = {q["gallery"] for q in queries}
-    if len(names) > 1:
-        raise ValueError(f"the queries rank over one gallery group, not {sorted(names)}")
-    rows = np.flatnonzero(groups == names.pop()) if names else np.zeros(0, np.int64)
-    scores = np.zeros((len(queries), len(rows)), np.result_type(gemb.dtype, qvecs.dtype))
-    reference = np.zeros(scores.shape, bool)
-    target = np.zeros(scores.shape, bool)
-    for i, q in enumerate(queries):
-        reference[i] = rows == pos[q["reference"]]
-        scores[i, ~reference[i]] = gemb[rows[~reference[i]]] @ qvecs[i]
-        target[i] = np.isin(rows, [pos[t] for t in q["targets"]])
-    candidates = len(rows) - reference.sum(1)
-    out = {}
-    for w in weights:
-        s = scores - hubs.penalty(scores, density[rows][None], w) if w and density is not None else scores
-        r = first_hit_ranks(s, target, exclude=reference)
-        out[w] = np.where(np.isfinite(r), r + 1, candidates + 1).astype(np.int64)
-    return out
 
 
 def choose_hub(ev: dict) -> Tuple[Dict[str, float], Dict[str, Dict[str, float]]]:
