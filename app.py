@@ -6,15 +6,13 @@ set_default_environment(GRADIO_ANALYTICS_ENABLED="False")
 
 from demo.launch import launch_options, show_engine_log  # noqa: E402
 from demo.ui import build_demo  # noqa: E402
-from engine import images  # noqa: E402
 from engine.config import Settings  # noqa: E402
-from engine.data import locations  # noqa: E402
+from engine.process import configure_process  # noqa: E402
 from engine.service import load_default_engine  # noqa: E402
 
 show_engine_log()  # the console says what the start did (one line for a first start from the prebuilt index)
 settings = Settings()  # every setting (README, 'Configuration'), read once
-images.configure(settings)  # the process-wide decode budget (CIS_DECODE_BUDGET_MB)
-locations.configure(settings)  # the offline sets' folders, should a background prepare build one
+configure_process(settings)  # the decode budget (CIS_DECODE_BUDGET_MB), the offline sets' folders
 engine = load_default_engine(settings)
 demo = build_demo(settings, engine=engine)
 

@@ -70,6 +70,10 @@ OWN_SHOWN_JS = """
 # the inputs as they are then. The steps after a query (history, share link, ...) are also "always_last": a
 # step still running for the previous query would otherwise skip the same step for the next one.
 LATEST = "always_last"
+# The keyword arguments of every step chained after a query (``event.success(fn, inputs, outputs, **CHAINED)``):
+# not in the API, no progress overlay flashing over fresh results, the latest request (LATEST). One dict, so a
+# new step cannot forget one of them (tests/test_page_events.py checks the built page).
+CHAINED = dict(api_name=False, show_progress="hidden", trigger_mode=LATEST)
 
 # "Copy link": the clipboard API where allowed, else select the link box and copy; the button says it worked.
 COPY_JS = """
@@ -257,7 +261,7 @@ def _gallery_picker(engine: SearchEngine):
         p.ids, p.page = gr.State(ids), gr.State(page)
     outs = [p.grid, p.ids, p.note, p.page]
     p.query.change(lambda q: h.browse_gallery(engine, q, 0), [p.query], outs, api_name=False,
-                   trigger_mode="always_last", show_progress="hidden")
+                   trigger_mode=LATEST, show_progress="hidden")
     p.prev.click(h.browse_page(engine, -1), [p.query, p.page], outs, api_name=False, show_progress="hidden")
     p.next.click(h.browse_page(engine, +1), [p.query, p.page], outs, api_name=False, show_progress="hidden")
     return p
@@ -320,23 +324,20 @@ def _share_row() -> ShareRow:
 
 def _with_link(event, s: ShareRow):
     """The last step after a query: the page URL and the share link carry it (SET_URL_JS)."""
-    return event.success(None, [s.qs, s.link], s.link, js=SET_URL_JS, api_name=False, trigger_mode=LATEST)
+    return event.success(None, [s.qs, s.link], s.link, js=SET_URL_JS, **CHAINED)
 
 
 def _with_expansion_note(event, c: SearchPanel):
     """The line under the LAttQE box: what expansion did for the query just run; and the number boxes show the
     values searched (a clamped one, already said in a notice)."""
-    shown = event.success(h.searched_values, [c.run], [c.k, c.alpha, c.nqe], api_name=False, show_progress="hidden",
-                          trigger_mode=LATEST)
-    return shown.success(h.expansion_done, [c.run], [c.lattqe_did], api_name=False, show_progress="hidden",
-                         trigger_mode=LATEST)
+    shown = event.success(h.searched_values, [c.run], [c.k, c.alpha, c.nqe], **CHAINED)
+    return shown.success(h.expansion_done, [c.run], [c.lattqe_did], **CHAINED)
 
 
 def _recorded(event, engine: SearchEngine, c: SearchPanel, s: ShareRow):
     """After a run (search or compare: the run's state says which): handlers.after_query, by name."""
     record, outputs = _named(functools.partial(h.after_query, engine), h.Recorded, s.recorded())
-    return event.success(record, inputs_kwargs={"run": c.run, "history": s.history}, outputs=outputs,
-                         api_name=False, trigger_mode=LATEST)
+    return event.success(record, inputs_kwargs={"run": c.run, "history": s.history}, outputs=outputs, **CHAINED)
 
 
 def _main_tab(demo: gr.Blocks, engine: SearchEngine, searches: dict) -> None:
@@ -361,8 +362,7 @@ def _wire_search(engine: SearchEngine, c: SearchPanel, s: ShareRow, searches: di
 
     def then_search(event):
         shown = _with_expansion_note(_recorded(event, engine, c, s), c)
-        return _with_link(shown.success(h.search_shown, None, [c.compare_out, c.gallery], api_name=False,
-                                        show_progress="hidden", trigger_mode=LATEST), s)
+        return _with_link(shown.success(h.search_shown, None, [c.compare_out, c.gallery], **CHAINED), s)
 
     for trigger, api in ((c.button.click, "search"), (c.text.submit, False)):
         then_search(trigger(search_fn, c.search_inputs(), results, api_name=api, **searches))
@@ -379,12 +379,9 @@ def _wire_compare(engine: SearchEngine, c: SearchPanel, s: ShareRow) -> None:
                               [c.compare_out, c.raw, c.run], api_name="compare", concurrency_limit=2,
                               trigger_mode=LATEST)
     shown = (_recorded(ran, engine, c, s)
-             .success(h.compare_cleared, [c.run], [c.gallery, c.ids, c.explanation], api_name=False,
-                      show_progress="hidden", trigger_mode=LATEST)
-             .success(lambda: gr.update(value="", visible=False), None, [c.lattqe_did], api_name=False,
-                      show_progress="hidden", trigger_mode=LATEST)
-             .success(h.searched_values, [c.run], [c.k, c.alpha, c.nqe], api_name=False, show_progress="hidden",
-                      trigger_mode=LATEST))
+             .success(h.compare_cleared, [c.run], [c.gallery, c.ids, c.explanation], **CHAINED)
+             .success(lambda: gr.update(value="", visible=False), None, [c.lattqe_did], **CHAINED)
+             .success(h.searched_values, [c.run], [c.k, c.alpha, c.nqe], **CHAINED))
     _with_link(shown, s)
 
 
@@ -432,7 +429,7 @@ def _own_tab(engine: SearchEngine, searches: dict) -> None:
     for trigger, api in ((o.button.click, "search_own"), (o.text.submit, False)):
         shown = _with_expansion_note(trigger(h.user_errors(h.run_search), [session, *o.search_inputs()],
                                              o.outputs(), api_name=api, **searches), o)
-        shown.success(None, None, None, js=OWN_SHOWN_JS, api_name=False, trigger_mode=LATEST)
+        shown.success(None, None, None, js=OWN_SHOWN_JS, **CHAINED)
     o.gallery.select(h.result_as_reference, [session, o.ids], o.image, api_name=False)
 
 

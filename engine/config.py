@@ -4,8 +4,8 @@ This module is the only one that reads the environment (tests/test_architecture.
 variable of the project is a field of :class:`Settings` and has its doc line in :data:`ENV_DOCS`; the
 environment handed to child processes is built by :func:`child_environment`. Entry points (app.py, the CLI,
 each trainer's ``main``) build one ``Settings()`` and pass it down; the two process-wide values are set from it
-there too: the decode budget (``engine.images.configure``) and the offline sets' source folders
-(``engine.data.locations.configure``).
+there too, by one call (``engine.process.configure_process``): the decode budget (``engine.images.configure``) and
+the offline sets' source folders (``engine.data.locations.configure``).
 """
 from __future__ import annotations
 

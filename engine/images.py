@@ -228,7 +228,8 @@ BUDGET = DecodeBudget()
 def configure(settings) -> None:
     """Sizes the process-wide decode budget from the entry point's :class:`engine.config.Settings`
     (``decode_budget_mb``, CIS_DECODE_BUDGET_MB). Called once where the Settings is built (app.py, the CLIs,
-    each command's ``main``); a process that never calls it decodes within ``DEFAULT_DECODE_BUDGET``."""
+    each command's ``main``), through ``engine.process.configure_process`` where the layers allow; a process that
+    never calls it decodes within ``DEFAULT_DECODE_BUDGET``."""
     BUDGET.resize(settings.decode_budget_mb)
 
 

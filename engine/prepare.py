@@ -52,8 +52,8 @@ from typing import Dict, List, Optional, Sequence
 
 from .checkpoints import PARTS as CHECKPOINT_PARTS
 from .checkpoints import file_name, find, prepared_dir, prepared_parts, read_record, slug
-from . import images
 from .config import Settings, resolve_device
+from .process import configure_process
 from .data import locations
 from .data.formats import build_command
 from .defaults import engine_defaults
@@ -491,8 +491,7 @@ def main(argv: Optional[Sequence[str]] = None, settings: Optional[Settings] = No
     """The command; ``settings``: read from the environment here, the entry point (a test passes its own)."""
     ap = argparse.ArgumentParser(prog="python -m engine prepare", description=__doc__.split("\n\n")[0])
     settings = settings or Settings()
-    images.configure(settings)
-    locations.configure(settings)
+    configure_process(settings)
     ap.add_argument("--backbone", default=settings.backbone)
     ap.add_argument("--device", default="auto")
     ap.add_argument("--out", default=None, help="checkpoint folder (default: the prepared-checkpoint cache)")

@@ -357,3 +357,14 @@ def test_a_routed_text_weight_round_trips_in_the_checkpoint_and_is_explained(tmp
     assert out.explanation["prior_text_weight"] == pytest.approx(float(router.text_weight(t)[0]), abs=1e-3)
     with pytest.raises(ValueError):
         Router(torch.randn(2, d), torch.zeros(2), ["a", "b"], None, torch.tensor([float("nan"), 1.0]))
+
+
+def test_a_new_router_without_kept_banks_is_refused_in_one_sentence(capsys):
+    """Without --keep-banks the router is always trained again, so --new-router alone says nothing new: refused
+    before any backbone is built."""
+    from engine.train.anchor_fit import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["--composer", "rtic", "--new-router"])
+    assert exc.value.code == 2
+    assert "--new-router goes with --keep-banks" in capsys.readouterr().err

@@ -323,15 +323,16 @@ def test_no_new_settings_below_the_entry_points():
 
 def test_every_entry_point_that_reads_the_settings_sizes_the_decode_budget():
     # the budget is process-wide and reads no environment itself: an entry point that builds a Settings and
-    # forgets images.configure would decode within the default whatever CIS_DECODE_BUDGET_MB says
+    # forgets engine.process.configure_process (or, below the offline-data layer, images.configure) would decode
+    # within the default whatever CIS_DECODE_BUDGET_MB says
     def builds_settings(text):
         return any(isinstance(n, ast.Call) and getattr(n.func, "id", None) == "Settings" and not n.args
                    and not n.keywords for n in ast.walk(ast.parse(text)))
 
     texts = {_rel(path): path.read_text(encoding="utf-8") for path in SOURCES}
-    missing = [rel for rel, text in texts.items()
-               if builds_settings(text) and not re.search(r"images\.configure\(|configure_decoding\(", text)]
-    assert not missing, f"call engine.images.configure(settings) where the Settings is built: {missing}"
+    sizes = re.compile(r"configure_process\(|images\.configure\(|configure_decoding\(")
+    missing = [rel for rel, text in texts.items() if builds_settings(text) and not sizes.search(text)]
+    assert not missing, f"call engine.process.configure_process(settings) where the Settings is built: {missing}"
 
 
 def test_every_entry_point_that_can_build_a_data_set_configures_its_sources():
@@ -354,9 +355,18 @@ def test_every_entry_point_that_can_build_a_data_set_configures_its_sources():
         tree = ast.parse(path.read_text(encoding="utf-8"))
         builds = any(isinstance(n, ast.Call) and getattr(n.func, "id", None) == "Settings" and not n.args
                      and not n.keywords for n in ast.walk(tree))
-        if builds and reaches(module) and "locations.configure(" not in path.read_text(encoding="utf-8"):
+        if builds and reaches(module) and "configure_process(" not in path.read_text(encoding="utf-8"):
             missing.append(module)
-    assert not missing, f"call engine.data.locations.configure(settings) where the Settings is built: {missing}"
+    assert not missing, f"call engine.process.configure_process(settings) where the Settings is built: {missing}"
+
+
+def test_the_process_wide_values_are_set_by_one_call():
+    # engine.process.configure_process sets the decode budget and the offline sets' sources together: an entry
+    # point that called locations.configure beside images.configure itself would miss the next value added there
+    # (images.configure alone stays for the ones that need no data set, the serving layer below engine.data)
+    direct = [_rel(path) for path in SOURCES + sorted((ROOT / "tools").glob("*.py"))
+              if _rel(path) != "engine/process.py" and "locations.configure(" in path.read_text(encoding="utf-8")]
+    assert not direct, f"call engine.process.configure_process(settings) instead of its two halves: {direct}"
 
 
 def test_child_environment_copies_filters_and_overrides(monkeypatch):

@@ -179,3 +179,36 @@ def test_the_hub_weight_is_chosen_on_the_gallery_of_distinct_photos():
                                  kinds) for w in HUB_GRID}
     assert max(whole, key=whole.get) > 0.0     # the whole suite would have chosen a weight for "hurt"
     assert grid["hurt"]["0"] == 100.0 and grid["hurt"]["0.6"] < 100.0
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_hub_grid_ranks_from_one_score_matrix_are_the_per_query_ranks(seed):
+    """choose_hub ranks every weight of its grid from one (queries, gallery) score matrix with masks
+    (hub_grid_ranks): the same ranks as rank_queries' per-query loop, weight by weight, ties, a reference that is
+    also a target, a target outside the gallery, a reference outside it, a query on its target's picture and
+    float32 scores included; and without a density."""
+    from engine.eval.cir import group_density, hub_grid_ranks, rank_queries
+    from engine.eval.generalise import HUB_GRID
+
+    rng = np.random.default_rng(seed)
+    gemb = _unit(rng.normal(size=(40, 8))).astype(np.float32)
+    gemb[7] = gemb[3]                                       # a tie: the same picture twice in the gallery
+    gallery = [{"image": f"{g}{i}", "gallery": g} for g in ("category", "other") for i in range(20)]
+    pos = {g["image"]: i for i, g in enumerate(gallery)}
+    dens = group_density(gallery, gemb)
+    refs = [f"category{i}" for i in rng.integers(0, 20, size=12)] + ["other3"]   # one reference outside the group
+    queries = [{"reference": r, "targets": [f"category{i}" for i in rng.choice(20, size=2, replace=False)],
+                "gallery": "category"} for r in refs]
+    queries[0]["targets"] = [queries[0]["reference"]]          # its only target is its reference: none left
+    queries[1]["targets"] = ["other5"]                          # a target outside the ranked gallery
+    queries[2]["targets"] = ["category3", "category7"]          # the tied pair
+    qv = _unit(rng.normal(size=(len(queries), 8))).astype(np.float32)
+    qv[3] = gemb[pos[queries[3]["targets"][0]]]                 # a query on its target's own picture
+    got = hub_grid_ranks(qv, queries, gallery, gemb, pos, dens, HUB_GRID)
+    for w in HUB_GRID:
+        want = rank_queries(qv, queries, gallery, gemb, pos, density=dens, hub=w)["none"]
+        np.testing.assert_array_equal(got[w], want, err_msg=f"weight {w}")
+        assert got[w].dtype == want.dtype
+    assert got[0.0][0] == 20 and got[0.0][3] == 1             # no target left: one past the 19 candidates
+    without = hub_grid_ranks(qv, queries, gallery, gemb, pos, None, (0.0, 0.4))
+    np.testing.assert_array_equal(without[0.4], rank_queries(qv, queries, gallery, gemb, pos, hub=0.4)["none"])

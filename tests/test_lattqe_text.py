@@ -197,6 +197,7 @@ def test_an_expander_below_no_expansion_on_validation_is_not_offered(monkeypatch
     (``expander_overall_val``, filled by the defaults choice) is not offered, even when it moves answers."""
     import engine.eval.generalise as g
     from engine.defaults import EngineDefaults
+    from engine.eval.expander_offer import overall_change
 
     ev = {"queries_changed": {"lattqe-text": 319, "aqe": 5},
           "expander_overall_val": {"lattqe-text": [65.31, 64.83], "aqe": [65.31, 65.31]}}
@@ -213,7 +214,7 @@ def test_an_expander_below_no_expansion_on_validation_is_not_offered(monkeypatch
     kinds = np.array(["colour"] * 4)
     evv = {"suite_obj": None, "tensors": (None, None, None), "kinds": kinds, "texts": np.zeros((4, 2)),
            "vectors": {"rtic": np.zeros((4, 2))}}
-    without, with_ = g._overall_change(evv, "x", 4, -1.0)
+    without, with_ = overall_change(evv, "x", 4, -1.0, 0.02, g.rank_suite)
     assert without > with_
 
 

@@ -470,6 +470,17 @@ def test_the_sources_come_from_the_entry_points_settings_not_the_environment(tmp
     assert fashion_mnist.data_dir(tmp_path / "given") == tmp_path / "given"  # an explicit folder wins
 
 
+
+def test_an_empty_fashion_mnist_variable_keeps_the_debian_folder(monkeypatch):
+    # fashion_mnist.data_dir reads the configured folder with no fallback of its own: the sources always name one
+    from engine.config import Settings
+    from engine.data import locations
+
+    monkeypatch.setattr(locations, "_configured", locations.DataSources())
+    locations.configure(Settings(fashion_mnist_dir="  "))
+    assert locations.configured().fashion_mnist_dir == locations.FASHION_MNIST_DIR
+    assert fashion_mnist.data_dir() == Path(fashion_mnist.DEFAULT_DIR)
+
 def test_ensure_built_builds_only_what_is_missing_from_the_given_sources_with_progress_bars(monkeypatch):
     from dataclasses import replace
 

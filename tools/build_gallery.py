@@ -46,9 +46,9 @@ from PIL import Image  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 from engine.config import Settings  # noqa: E402
-from engine import images  # noqa: E402
-from engine.data import locations, sources  # noqa: E402
+from engine.data import sources  # noqa: E402
 from engine.data.sources import PhotoRecord  # noqa: E402
+from engine.process import configure_process  # noqa: E402
 
 MAX_SIDE = 512
 JPEG_QUALITY = 85
@@ -730,8 +730,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from engine.config import cache_dir
 
     settings = Settings()  # this tool is an entry point: the photo packages' folders and the decode budget
-    images.configure(settings)
-    locations.configure(settings)
+    configure_process(settings)
 
     work = cache_dir() / "build-gallery-index"   # incremental: re-running embeds only changed photos
     backbone = create_backbone("packaged", "cpu")

@@ -39,7 +39,7 @@ LAYERS: List[Tuple[str, Set[str]]] = [
     ("model parts", {"backbones", "compose", "expand", "index"}),
     ("search", {"search"}),
     ("serving", {"service", "batching", "compare", "prebuilt"}),
-    ("offline data", {"data"}),
+    ("offline data", {"data", "process"}),
     ("evaluation", {"eval"}),
     ("training", {"train"}),
     ("offline runs: preparation, load test, benchmarks", {"prepare", "background", "loadtest", "bench"}),

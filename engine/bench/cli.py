@@ -13,9 +13,8 @@ import json
 import time
 from pathlib import Path
 
-from .. import images
 from ..config import ROOT, Settings
-from ..data import locations
+from ..process import configure_process
 from ..fileio import atomic_write_text
 from ..reports import merge_sections
 from ..sysinfo import machine
@@ -87,8 +86,7 @@ def main(argv=None) -> int:
     from ..service import load_default_engine
 
     settings = Settings()
-    images.configure(settings)
-    locations.configure(settings)
+    configure_process(settings)
     ctx = {"engine": load_default_engine(settings), "settings": settings}
     parts = [f"# Benchmarks\n\nWritten by `python -m engine bench` on {time.strftime('%Y-%m-%d')}.\n\n"
              f"**Machine:** {machine()}\n\nRatios are measured within one run; the machine is shared and noisy."]

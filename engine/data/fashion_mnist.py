@@ -75,9 +75,10 @@ def read_idx(path: Union[str, os.PathLike]) -> np.ndarray:
 
 
 def data_dir(folder: Union[str, os.PathLike, None] = None) -> Path:
-    """Folder with the Fashion-MNIST IDX files: ``folder``, else the one the entry point configured
-    (``CIS_FASHION_MNIST_DIR``, :mod:`engine.data.locations`), else the Debian location."""
-    return Path(folder or configured().fashion_mnist_dir or DEFAULT_DIR)
+    """Folder with the Fashion-MNIST IDX files: ``folder``, else the one the entry point configured: the Debian
+    location unless ``CIS_FASHION_MNIST_DIR`` points elsewhere (:mod:`engine.data.locations`, whose sources always
+    name a folder)."""
+    return Path(folder or configured().fashion_mnist_dir)
 
 
 def available(folder: Union[str, os.PathLike, None] = None) -> bool:

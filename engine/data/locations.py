@@ -36,7 +36,8 @@ _configured = DataSources()
 
 
 def configure(settings) -> DataSources:
-    """Called once by an entry point (the CLIs, each command's ``main``) with the Settings it built."""
+    """Called once by an entry point (the CLIs, each command's ``main``) with the Settings it built, through
+    ``engine.process.configure_process`` (which sizes the decode budget too)."""
     global _configured
     _configured = DataSources.from_settings(settings)
     return _configured

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 import torch
@@ -147,6 +147,35 @@ def rank_queries(qvecs: np.ndarray, queries, gallery, gemb, pos, expanders: Opti
             r = first_hit_ranks(s[None], np.isin(cand, list(targets))[None])[0]
             ranks[name][qi] = int(r) + 1 if np.isfinite(r) else len(cand) + 1
     return ranks
+
+
+def hub_grid_ranks(qvecs: np.ndarray, queries, gallery, gemb, pos, density: Optional[np.ndarray],
+                   weights: Sequence[float]) -> Dict[float, np.ndarray]:
+    """{weight: plain best-target rank per query (1-based)}: what :func:`rank_queries` (``density=density,
+    hub=w``, its "none") gives for every weight, from one (B, N) score matrix over the queries' one gallery group
+    (N rows) instead of one ranking per query and weight; the reference is masked out of each row. A row is scored
+    over the same candidates as :func:`rank_queries` scores it (one product per query, over its group less its
+    reference), so the scores, and with them the ranks, are the same to the bit (engine.eval.generalise
+    ``choose_hub`` ranks its grid of hub weights with it)."""
+    groups = np.array([g["gallery"] for g in gallery])
+    names = {q["gallery"] for q in queries}
+    if len(names) > 1:
+        raise ValueError(f"the queries rank over one gallery group, not {sorted(names)}")
+    rows = np.flatnonzero(groups == names.pop()) if names else np.zeros(0, np.int64)
+    scores = np.zeros((len(queries), len(rows)), np.result_type(gemb.dtype, qvecs.dtype))
+    reference = np.zeros(scores.shape, bool)
+    target = np.zeros(scores.shape, bool)
+    for i, q in enumerate(queries):
+        reference[i] = rows == pos[q["reference"]]
+        scores[i, ~reference[i]] = gemb[rows[~reference[i]]] @ qvecs[i]
+        target[i] = np.isin(rows, [pos[t] for t in q["targets"]])
+    candidates = len(rows) - reference.sum(1)
+    out = {}
+    for w in weights:
+        s = scores - hubs.penalty(scores, density[rows][None], w) if w and density is not None else scores
+        r = first_hit_ranks(s, target, exclude=reference)
+        out[w] = np.where(np.isfinite(r), r + 1, candidates + 1).astype(np.int64)
+    return out
 
 
 def group_density(gallery, gemb: np.ndarray) -> np.ndarray:

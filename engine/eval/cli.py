@@ -3,9 +3,8 @@ from __future__ import annotations
 
 import sys
 
-from .. import images
 from ..config import Settings
-from ..data import locations
+from ..process import configure_process
 
 
 def main(argv=None) -> int:
@@ -33,6 +32,5 @@ def main(argv=None) -> int:
     from .official import main as official_main
 
     s = Settings()
-    images.configure(s)
-    locations.configure(s)
+    configure_process(s)
     return official_main(argv, backbone=lambda: create_backbone(s.backbone, s.device, settings=s))

@@ -23,7 +23,6 @@ import torch
 import torch.nn.functional as F
 
 from ..config import Settings
-from ..data import locations
 from ..data.cir_triplets import embed_texts
 from ..data.formats import image_path, load_split
 from ..data.tone import TONE_GALLERY, tone_edit, tone_queries
@@ -144,16 +143,15 @@ def cost_per_image(backbone, n: int = 64, repeats: int = 3) -> Dict[str, float]:
 
 
 def main(argv=None) -> int:
-    from .. import images  # Pillow, which the module does not load at its top
     from ..backbones.packaged import PackagedBackbone
+    from ..process import configure_process  # Pillow, which the module does not load at its top
 
     ap = argparse.ArgumentParser(prog="python -m engine eval concepts", description=__doc__.split("\n")[0])
     ap.add_argument("--split", default="val", choices=["val", "train"])
     ap.add_argument("--variant", default="lite0")
     args = ap.parse_args(argv)
     settings = Settings()  # the entry point's settings: the decode budget and the offline sets' sources
-    images.configure(settings)
-    locations.configure(settings)
+    configure_process(settings)
     t0 = time.perf_counter()
     backbone = PackagedBackbone(args.variant, visual=0.0)  # the concepts weigh the bridge (the visual channel: train/visual.py)
     rows = grid_search(backbone, args.split)

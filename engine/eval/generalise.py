@@ -37,9 +37,8 @@ from ..compose import COMPOSERS
 from ..compose.auto import (MEMBERS, choose_routes, cross_fitted_score, overall_of_ranks, routed_vectors,
                            router_of)
 from ..data.features import embed_paths, embed_texts
-from .. import images
 from ..config import Settings
-from ..data import locations
+from ..process import configure_process
 from ..data.formats import image_path, load_split
 from ..data.heldout import is_held_out, words
 from ..data.rules import unit_hash
@@ -47,7 +46,9 @@ from ..data.tone import edited_file
 from ..data.vocabulary import training_texts, training_vocabulary
 from ..index import hubs
 from ..defaults import EngineDefaults, engine_defaults, gallery_nqe, write_defaults
-from .cir import available_expanders, cir_composers, compose_queries, group_density, query_texts, rank_queries
+from .cir import (available_expanders, cir_composers, compose_queries, group_density, hub_grid_ranks, query_texts,
+                  rank_queries)
+from .expander_offer import overall_change, queries_changed, texts_of
 from .generalise_open import open_queries
 from .hubness import hubness
 
@@ -233,8 +234,7 @@ def rank_suite(qvecs: np.ndarray, suite: Suite, gallery, gemb, pos, expander=Non
                density: Optional[np.ndarray] = None, texts: Optional[np.ndarray] = None) -> np.ndarray:
     """1-based best target rank of every query (reference left out); with ``expander``, re-ranked after
     expanding from the first ``gallery_nqe(nqe, gallery size)`` results of the query's own gallery; ``hub``:
-    the hub correction's weight, ``density`` each row's (:func:`engine.eval.cir.group_density`); ``texts``: the
-    queries' text embeddings, for a text-conditioned expander."""
+    the hub correction's weight, ``density`` each row's (:func:`engine.eval.cir.group_density`); ``texts``: theirs."""
 
     ranks = np.zeros(len(suite.queries), np.int64)
     for g, members in suite.galleries.items():
@@ -375,8 +375,8 @@ def choose(backbone, settings: Settings, ev: dict, expander_grid: bool = True) -
         exps = _expanders(backbone, settings)
         changed = {ex_name: _queries_changed({**ev, "vectors": vecs}, ex, kept.nqe_for(ex_name), kept.floor_for(ex_name))
                    for ex_name, ex in exps.items()}
-        overall = {ex_name: _overall_change({**ev, "vectors": vecs}, ex, kept.nqe_for(ex_name), kept.floor_for(ex_name))
-                   for ex_name, ex in exps.items()}
+        overall = {n: overall_change({**ev, "vectors": vecs}, ex, kept.nqe_for(n), kept.floor_for(n), NQE_FRACTION,
+                                     rank_suite) for n, ex in exps.items()}
         return {**chosen, "nqe": dict(kept.nqe), "floor": dict(kept.floor), "nqe_fraction": kept.nqe_fraction,
                 "queries_changed": changed, "expander_overall_val": overall, "queries_changed_of": method}
     for ex_name, ex in _expanders(backbone, settings).items():
@@ -384,7 +384,7 @@ def choose(backbone, settings: Settings, ev: dict, expander_grid: bool = True) -
         for value in NQE_GRID:
             for fl in FLOOR_GRID:
                 worst = min(summarise(rank_suite(v, suite, gallery, gemb, pos, ex, value, NQE_FRACTION, fl,
-                                                 **_texts(ev)),
+                                                 **texts_of(ev)),
                                       kinds)["all"]["R@10"] - base[n] for n, v in ev["vectors"].items())
                 rows[(value, fl)] = round(worst, 2)
         grid[ex_name] = {f"nqe {v}, floor {fl:g}": w for (v, fl), w in rows.items()}
@@ -421,9 +421,9 @@ def choose_hub(ev: dict) -> Tuple[Dict[str, float], Dict[str, Dict[str, float]]]
     queries = [suite.queries[i] for i in sel]
     for name, vecs in ev["vectors"].items():
         best_w, best = 0.0, -1.0
+        by_weight = hub_grid_ranks(vecs[sel], queries, gallery, gemb, pos, density, HUB_GRID)
         for w in HUB_GRID:
-            ranks = rank_queries(vecs[sel], queries, gallery, gemb, pos, density=density, hub=w)["none"]
-            score = overall_of_ranks(ranks, kinds[sel])
+            score = overall_of_ranks(by_weight[w], kinds[sel])
             grid.setdefault(name, {})[f"{w:g}"] = round(score, 2)
             if score > best + (HUB_TIE if w else 0.0):
                 best_w, best = w, score
@@ -461,35 +461,9 @@ def choose_auto(ev: dict) -> Optional[dict]:
             "cross_fitted": cross_fitted_score(ranks, ev["classes"], ev["kinds"], groups)}
 
 
-def _texts(ev: dict) -> dict:
-    """``rank_suite``'s ``texts`` argument from an evaluation (none when it holds no text embeddings)."""
-    return {"texts": ev["texts"]} if ev.get("texts") is not None else {}
-
-
-def _overall_change(ev: dict, expander, nqe: int, floor: float) -> list:
-    """[overall score without, with the expander at (nqe, floor)] of the evaluation's (one) method's vectors: an
-    expander below no expansion there is not offered on the page (engine.defaults)."""
-    suite, kinds = ev["suite_obj"], ev["kinds"]
-    gallery, gemb, pos = ev["tensors"]
-    hub, density = ev.get("hub") or {}, ev.get("density")
-    out = np.zeros(2)
-    for n, v in ev["vectors"].items():
-        out += [overall_of_ranks(rank_suite(v, suite, gallery, gemb, pos, hub=hub.get(n, 0.0), density=density), kinds),
-                overall_of_ranks(rank_suite(v, suite, gallery, gemb, pos, expander, nqe, NQE_FRACTION, floor,
-                                            hub.get(n, 0.0), density, **_texts(ev)), kinds)]
-    return [round(float(x) / max(1, len(ev["vectors"])), 2) for x in out]
-
-
 def _queries_changed(ev: dict, expander, nqe: int, floor: float) -> int:
-    """How many (composer, validation query) pairs the expander at (nqe, floor) moves the target of: an
-    expander that moves none is not offered on the page for this backbone (engine.defaults)."""
-    suite = ev["suite_obj"]
-    gallery, gemb, pos = ev["tensors"]
-    hub, density = ev.get("hub") or {}, ev.get("density")
-    return int(sum((rank_suite(v, suite, gallery, gemb, pos, expander, nqe, NQE_FRACTION, floor, hub.get(n, 0.0),
-                               density, **_texts(ev))
-                    != rank_suite(v, suite, gallery, gemb, pos, hub=hub.get(n, 0.0), density=density)).sum()
-                   for n, v in ev["vectors"].items()))
+    """:func:`engine.eval.expander_offer.queries_changed` over the suite (its ranking: :func:`rank_suite`)."""
+    return queries_changed(ev, expander, nqe, floor, NQE_FRACTION, rank_suite)
 
 
 def choose_defaults(backbone, settings: Settings, out: Optional[Path] = None, expander_grid: bool = True) -> tuple:
@@ -595,8 +569,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
 
     settings = Settings()
-    images.configure(settings)
-    locations.configure(settings)
+    configure_process(settings)
     if args.summary:
         for side in SIDES:
             print(json.dumps(build_suite(side).summary()))

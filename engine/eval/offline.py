@@ -20,9 +20,8 @@ import torch
 from ..backbones import create_backbone
 from ..backbones.openclip import DEFAULT_ARCH, DEFAULT_TAG, pretrained_cached
 from ..checkpoints import search_path
-from .. import images
 from ..config import ROOT, Settings
-from ..data import locations
+from ..process import configure_process
 from ..defaults import engine_defaults
 from ..fileio import atomic_write_text
 from ..index.vectors import create_vector_index
@@ -171,8 +170,7 @@ def main(argv=None) -> int:
 
     t0 = time.time()
     settings = Settings()
-    images.configure(settings)
-    locations.configure(settings)
+    configure_process(settings)
     backbone = create_backbone(args.backbone, args.device, settings=settings)
     backbones = [backbone]
 

@@ -35,9 +35,8 @@ from ..backbones import create_backbone
 from ..checkpoints import search_dirs
 from ..compose.context_i2w import load_context_i2w_composer, save_context_i2w
 from ..compose.rtic import load_rtic_composer, save_rtic
-from .. import images
 from ..config import Settings
-from ..data import locations
+from ..process import configure_process
 from ..data.cir_triplets import load_offline_cir
 from ..data.features import embed_paths, embed_texts
 from ..data.heldout import held_out_cir_images, keep_row
@@ -334,13 +333,15 @@ def _r(d: dict) -> dict:
 
 
 def anchor_checkpoint(backbone, part: str, checkpoint_dir=None, progress: bool = True,
-                      keep_banks: bool = False) -> dict:
+                      keep_banks: bool = False, new_router: bool = False) -> dict:
     """Builds, fits and stores the anchor of the ``part`` checkpoint for ``backbone`` found in
     ``checkpoint_dir`` (rewritten in place). Returns the fit's report.
 
     ``keep_banks``: the banks, the operation vocabulary and the router already stored with the checkpoint are
     kept and only the ramps, trusts and prior text weights are fitted again (no training image embedded, no
-    router trained: minutes instead of a quarter of an hour on 2 cores); without a stored anchor, as usual."""
+    router trained: minutes instead of a quarter of an hour on 2 cores); without a stored anchor, as usual.
+    ``new_router`` (with ``keep_banks``): the router is trained again from :func:`operation_texts` (a change of
+    its texts), the banks still kept."""
     if part in ("rtic", "rtic+gcn"):
         composer = load_rtic_composer(backbone, checkpoint_dir, variant=part)
         model, record = composer.model, composer.record
@@ -356,9 +357,9 @@ def anchor_checkpoint(backbone, part: str, checkpoint_dir=None, progress: bool =
         anchor = Anchor(AnchorConfig(weight=0.0, alpha=stored.config.alpha), stored.text_bank, stored.image_bank,
                         stored.op_bank, sorted(stored.vocab), stored.router)
         n_texts, router_acc = int(stored.text_bank.shape[0]), (record.get("anchor_fit") or {}).get("router_train_accuracy")
-        if anchor.router is None:
+        if anchor.router is None or new_router:
             anchor.router, router_acc = train_router(backbone, operation_texts())
-        command = f"python -m engine train anchor --composer {part} --keep-banks"
+        command = f"python -m engine train anchor --composer {part} --keep-banks" + (" --new-router" * new_router)
     else:
         texts, images = bank_inputs(part, record)
         anchor = build_banks(backbone, texts, images)
@@ -403,12 +404,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--checkpoints", default=None, help="folder of the checkpoint (default: the search path)")
     p.add_argument("--keep-banks", action="store_true", help="keep the banks and the router stored with the "
                    "checkpoint; fit only the ramps, trusts and per-operation prior text weights again")
+    p.add_argument("--new-router", action="store_true", help="with --keep-banks: train the operation router again "
+                   "(its texts changed) and keep only the banks")
     args = p.parse_args(argv)
+    if args.new_router and not args.keep_banks:
+        p.error("--new-router goes with --keep-banks (without it the router is always trained again)")
     settings = Settings()
-    images.configure(settings)
-    locations.configure(settings)
+    configure_process(settings)
     backbone = create_backbone(args.backbone or settings.backbone, args.device, settings=settings)
-    anchor_checkpoint(backbone, args.composer, args.checkpoints or settings.checkpoints, keep_banks=args.keep_banks)
+    anchor_checkpoint(backbone, args.composer, args.checkpoints or settings.checkpoints, keep_banks=args.keep_banks,
+                      new_router=args.new_router)
     return 0
 
 

@@ -33,7 +33,6 @@ import torch
 from torch.nn import functional as F
 
 from ..config import Settings, resolve_device
-from ..data import locations
 from ..data.formats import image_path, load_split
 from ..errors import InputError
 from ..eval.metrics import approximate_recall, exact_top_ids, map_at_n
@@ -488,11 +487,10 @@ def _load_sources(args) -> Tuple[np.ndarray, List[List[str]], np.ndarray, List[L
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = _parser().parse_args(list(argv) if argv is not None else None)
-    from .. import images  # Pillow, which the module does not load at its top
+    from ..process import configure_process  # Pillow, which the module does not load at its top
 
     settings = Settings()  # the entry point's settings: the decode budget and the offline sets' sources
-    images.configure(settings)
-    locations.configure(settings)
+    configure_process(settings)
     if args.threads:
         torch.set_num_threads(args.threads)
     try:

@@ -19,9 +19,8 @@ from PIL import Image
 from ..backbones.concepts import mix
 from ..backbones.packaged import PackagedBackbone
 from ..backbones.visual import VisualChannel, fit_projection, projection_path
-from .. import images
 from ..config import Settings
-from ..data import locations
+from ..process import configure_process
 from ..data.builders import ensure_built
 from ..data.formats import image_path, load_split
 from ..eval.metrics import average_precisions
@@ -85,8 +84,7 @@ def main(argv=None) -> int:
     ap.add_argument("--choose", action="store_true", help="also report the share w chosen on validation")
     args = ap.parse_args(argv)
     settings = Settings()  # the entry point's settings: the decode budget and the offline sets' sources
-    images.configure(settings)
-    locations.configure(settings)
+    configure_process(settings)
     backbone = PackagedBackbone(args.variant, visual=0.0)  # the bridge alone: the projection is fitted below
     paths, _ = labelled_paths("train")
     pooled, _ = pooled_and_bridge(backbone, paths)

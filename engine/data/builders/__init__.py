@@ -28,9 +28,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
-from ... import images
 from ...config import Settings
 from ...errors import EngineError, InputError
+from ...process import configure_process
 from ..formats import (
     DATASET_NAMES,
     FORMAT_VERSION,
@@ -40,7 +40,6 @@ from ..formats import (
     load_manifest,
     write_json,
 )
-from .. import locations
 from ..locations import DataSources, configured
 from .captions import build_captions
 from .cir import build_cir
@@ -156,8 +155,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         if args.cmd == "build":
             settings = Settings()  # this command is an entry point: the sources' folders, the decode budget
-            images.configure(settings)
-            sources = replace(locations.configure(settings), progress=True)
+            sources = replace(configure_process(settings), progress=True)
             manifests = build(args.only, force=args.force, seed=args.seed, sources=sources)
         else:
             names = [args.only] if args.only else list(DATASET_NAMES)

@@ -25,9 +25,8 @@ from ...compose.context_i2w import (
     load_context_i2w,
     save_context_i2w,
 )
-from ... import images
 from ...config import Settings
-from ...data import locations
+from ...process import configure_process
 from ...data.heldout import HELD_OUT_SOURCES
 from ...errors import InputError
 from ..anchor_fit import anchor_checkpoint
@@ -195,8 +194,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = _parser().parse_args(argv)
     progress = not args.quiet
     settings = Settings()  # the entry point's settings: the decode budget and the offline sets' sources
-    images.configure(settings)
-    locations.configure(settings)
+    configure_process(settings)
     backbone = create_backbone(args.backbone, args.device)
     out_dir = Path(args.out or settings.checkpoints)
     name = args.name or file_name(PARTS["context-i2w"].stem, backbone.name)

@@ -12,9 +12,8 @@ import numpy as np
 import torch
 
 from ...checkpoints import figures_of, file_name
-from ... import images
 from ...config import Settings
-from ...data import locations
+from ...process import configure_process
 from ...errors import InputError
 from ...eval.expanders import NQE_LIST, evaluate_expanders, format_table, labelled_features, plot_curves
 from ...expand.lattqe import load_lattqe, save_lattqe
@@ -159,8 +158,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     settings = Settings()
-    images.configure(settings)
-    locations.configure(settings)
+    configure_process(settings)
     if args.composed:
         return _composed(args, settings)
     args.name = args.name or "lattqe"

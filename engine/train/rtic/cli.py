@@ -13,9 +13,8 @@ from typing import Any, Dict, Optional, Sequence
 from ...backbones import create_backbone
 from ...checkpoints import PARTS, file_name, slug
 from ...compose.rtic import RTIC, RTICConfig, count_parameters, save_rtic
-from ... import images
 from ...config import ROOT, Settings, resolve_device
-from ...data import locations
+from ...process import configure_process
 from ...data.cir_triplets import TripletSet, embed_triplets
 from ...data.heldout import HELD_OUT_SOURCES
 from ...data.tone import offline_cir_photos, tone_triplets
@@ -190,8 +189,7 @@ def _save(args, sets: Sets, result: dict, cfg: TrainConfig, metrics: dict, tone_
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = _parser().parse_args(argv)
     settings = Settings()  # the entry point's settings: the decode budget and the offline sets' sources
-    images.configure(settings)
-    locations.configure(settings)
+    configure_process(settings)
 
     if args.memory:
         return _memory(args)
