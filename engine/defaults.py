@@ -46,13 +46,18 @@ class EngineDefaults:
         """The hub correction's weight for ``method`` (engine.index.hubs); 0 without a chosen one."""
         return float(self.hub.get(method, 0.0))
 
-    def offers(self, expander: str) -> bool:
+    def offers(self, expander: str, composed_only: bool = False) -> bool:
         """Whether the page offers ``expander`` for this backbone: not when validation showed it moves no
-        query's answer at its defaults (the record's ``queries_changed``), nor when it scored below no expansion
-        there (``expander_overall_val``: ``[without, with]`` overall score); without a record, every one."""
+        query's answer at its defaults (the record's ``queries_changed``); without a record, every one.
+
+        ``composed_only``: the expander serves composed queries alone (it reads the modification text), so it is
+        also not offered when it scored below no expansion on the suite's validation side
+        (``expander_overall_val``: ``[without, with]`` overall score). The others also serve image-only "more
+        like this" queries, whose validation is the labelled set's held-out classes (docs/lattqe.md), so a loss
+        on composed queries alone does not take them off the page (the page's default is no expansion)."""
         if expander == "none":
             return True
-        scores = (self.evidence.get("expander_overall_val") or {}).get(expander)
+        scores = (self.evidence.get("expander_overall_val") or {}).get(expander) if composed_only else None
         try:
             if scores is not None and float(scores[1]) < float(scores[0]):
                 return False

@@ -179,9 +179,10 @@ class SearchEngine:
     @property
     def offered_expanders(self) -> List[str]:
         """The expanders the page offers: the available ones that validation showed to move some answer for
-        this backbone without scoring below no expansion (engine.defaults.EngineDefaults.offers); the CLI and the
-        APIs still accept every one."""
-        return [n for n in self.expanders if self.defaults.offers(n)]
+        this backbone, and, for one that serves composed queries alone, without scoring below no expansion there
+        (engine.defaults.EngineDefaults.offers); the CLI and the APIs still accept every one."""
+        return [n for n in self.expanders
+                if self.defaults.offers(n, composed_only=getattr(self.expanders[n], "reads_text", False))]
 
     @property
     def default_method(self) -> str:

@@ -202,8 +202,13 @@ def test_an_expander_below_no_expansion_on_validation_is_not_offered(monkeypatch
     ev = {"queries_changed": {"lattqe-text": 319, "aqe": 5},
           "expander_overall_val": {"lattqe-text": [65.31, 64.83], "aqe": [65.31, 65.31]}}
     d = EngineDefaults(evidence=ev)
-    assert not d.offers("lattqe-text") and d.offers("aqe") and d.offers("none") and d.offers("lattqe")
-    assert EngineDefaults(evidence={"expander_overall_val": {"x": "damaged"}}).offers("x")
+    assert not d.offers("lattqe-text", composed_only=True) and d.offers("aqe", composed_only=True)
+    assert d.offers("none") and d.offers("lattqe", composed_only=True)
+    # an expander that also serves image-only queries is judged there by the labelled set, not by this loss
+    assert d.offers("lattqe-text")
+    assert not EngineDefaults(evidence={**ev, "expander_overall_val": {"aqe": [65.3, 60.0]}}).offers(
+        "aqe", composed_only=True)
+    assert EngineDefaults(evidence={"expander_overall_val": {"x": "damaged"}}).offers("x", composed_only=True)
 
     def fake_rank(v, suite, gallery, gemb, pos, expander=None, nqe=0, fraction=1.0, floor=-1.0, hub=0.0,
                   density=None, texts=None):
@@ -224,4 +229,4 @@ def test_the_shipped_text_model_loads_but_the_page_does_not_offer_it(gallery_eng
     eng = gallery_engine
     assert "lattqe-text" in eng.expanders, eng.expanders_unavailable
     assert eng.expanders["lattqe-text"].model.config.text_token
-    assert "lattqe-text" not in eng.offered_expanders and not eng.defaults.offers("lattqe-text")
+    assert "lattqe-text" not in eng.offered_expanders and not eng.defaults.offers("lattqe-text", composed_only=True)
