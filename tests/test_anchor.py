@@ -368,3 +368,45 @@ def test_a_new_router_without_kept_banks_is_refused_in_one_sentence(capsys):
         main(["--composer", "rtic", "--new-router"])
     assert exc.value.code == 2
     assert "--new-router goes with --keep-banks" in capsys.readouterr().err
+
+
+def test_the_channel_aware_prior_weighs_the_visual_block_apart_and_is_the_plain_sum_at_one_minus_alpha():
+    """Dimensions from ``split`` on are a visual block texts leave at zero: the plain sum scales it by 1 - alpha,
+    the channel-aware prior by its own weight, so a text-heavy query can still keep the reference's look."""
+    torch.manual_seed(0)
+    img = F.normalize(torch.randn(3, 8), dim=-1)
+    txt = F.normalize(torch.cat([torch.randn(3, 5), torch.zeros(3, 3)], dim=-1), dim=-1)
+    for a in (0.3, 0.9):
+        assert torch.allclose(prior(img, txt, a, 1 - a, split=5), prior(img, txt, a), atol=1e-6)
+    q = prior(img, txt, 0.9, 1.0, split=5)
+    raw = torch.cat([0.1 * img[:, :5] + 0.9 * txt[:, :5], img[:, 5:]], dim=-1)
+    assert torch.allclose(q, F.normalize(raw, dim=-1), atol=1e-6)
+    # the look keeps a larger share than in the plain sum at the same text weight
+    assert bool((q[:, 5:].norm(dim=-1) > prior(img, txt, 0.9)[:, 5:].norm(dim=-1)).all())
+    per_query = prior(img, txt, torch.tensor([0.9, 0.9, 0.9]), torch.tensor([1.0, 0.1, 1.0]), split=5)
+    assert torch.allclose(per_query[0], q[0], atol=1e-6) and torch.allclose(per_query[1], prior(img, txt, 0.9, 0.1, 5)[1])
+    assert torch.allclose(prior(img, txt, 0.9, 1.0, split=0), prior(img, txt, 0.9))  # no visual block: plain
+
+
+def test_a_routed_anchor_keeps_its_visual_weights_through_the_checkpoint_and_uses_them(tmp_path, tiny):
+    from engine.compose.router import Router
+
+    d = tiny.embed_dim
+    torch.manual_seed(0)
+    router = Router(torch.randn(2, d), torch.zeros(2), ["colour", "light:night"], torch.tensor([0.0, 0.5]),
+                    torch.tensor([0.7, 0.9]), torch.tensor([0.3, 1.0]))
+    anchor = Anchor(AnchorConfig(weight=1.0, route=1.0, visual_from=float(d // 2)), router=router)
+    model = RTIC(RTICConfig(dim=d, n_blocks=1)).eval()
+    path = save_rtic(tmp_path / "rtic-v.safetensors", model, tiny.fingerprint, tiny.name, anchor=anchor)
+    _, record = load_rtic(path, tiny.fingerprint)
+    assert record["anchor"]["visual_from"] == d // 2
+    back = load_anchor(path, record)
+    assert torch.allclose(back.router.visual, router.visual)
+    img = F.normalize(torch.randn(4, d), dim=-1)
+    txt = F.normalize(torch.randn(4, d), dim=-1)
+    want = prior(img, txt, router.text_weight(txt), router.visual_weight(txt), d // 2)
+    assert torch.allclose(back.prior(img, txt), want, atol=1e-6)
+    assert not torch.allclose(want, prior(img, txt, router.text_weight(txt)), atol=1e-3)
+    learned = F.normalize(torch.randn(4, d), dim=-1)
+    _, expl = back.explain_blend(img[:1], txt[:1], learned[:1])
+    assert expl["prior_visual_weight"] == pytest.approx(float(router.visual_weight(txt[:1])[0]), abs=1e-3)

@@ -81,6 +81,8 @@ class AnchorConfig:
     alpha: float = 0.5          # the prior's text weight
     op: float = 0.0             # 1: text familiarity is operation familiarity (content words masked)
     route: float = 0.0          # 1: the share is the operation router's (engine.compose.router) times the image ramp
+    visual_from: float = 0.0    # > 0: the first dimension of the backbone's visual block, whose prior weight the
+    #                             router sets apart from the text weight (see prior()); 0: one text weight
 
     @classmethod
     def from_dict(cls, data: dict) -> "AnchorConfig":
@@ -89,7 +91,7 @@ class AnchorConfig:
 
     def to_dict(self) -> dict:
         """The record's ``anchor``; ``op`` only when on (records written before it existed stay the same)."""
-        return {k: round(float(v), 6) for k, v in asdict(self).items() if k not in ("op", "route") or v}
+        return {k: round(float(v), 6) for k, v in asdict(self).items() if k not in ("op", "route", "visual_from") or v}
 
 
 def ramp(f: torch.Tensor, lo: float, hi: float) -> torch.Tensor:
@@ -107,11 +109,24 @@ def familiarity(x: torch.Tensor, bank: Optional[torch.Tensor]) -> torch.Tensor:
     return (F.normalize(x.float(), dim=-1) @ F.normalize(bank.float(), dim=-1).T).max(dim=-1).values
 
 
-def prior(image: torch.Tensor, text: torch.Tensor, alpha) -> torch.Tensor:
+def prior(image: torch.Tensor, text: torch.Tensor, alpha, visual=None, split: int = 0) -> torch.Tensor:
     """(B, D) the normalised weighted sum of normalised image and text embeddings; ``alpha`` (the text's weight)
-    is one number or one per query (B,)."""
+    is one number or one per query (B,).
+
+    **Channel-aware prior** (``visual`` given, ``split`` > 0): a backbone whose image embeddings end in a visual
+    block that texts leave at zero (the packaged backbone's visual channel, engine.backbones.visual) has the
+    plain sum's visual block at ``(1 - alpha)`` times the reference's, so a text weight high enough to take the
+    words' object or edit also drops what the reference looks like. Here the dimensions from ``split`` on are
+    ``visual`` times the reference's instead (one number or (B,)): "the same view by night" can follow the
+    words in the named block and still keep this very photo in the visual one. ``visual = 1 - alpha`` is the
+    plain sum."""
     a = alpha.float().reshape(-1, 1) if isinstance(alpha, torch.Tensor) else float(alpha)
-    return F.normalize((1 - a) * F.normalize(image.float(), dim=-1) + a * F.normalize(text.float(), dim=-1), dim=-1)
+    img, txt = F.normalize(image.float(), dim=-1), F.normalize(text.float(), dim=-1)
+    p = (1 - a) * img + a * txt
+    if visual is not None and 0 < split < p.shape[-1]:
+        b = visual.float().reshape(-1, 1) if isinstance(visual, torch.Tensor) else float(visual)
+        p = torch.cat([p[:, :split], b * img[:, split:]], dim=-1)
+    return F.normalize(p, dim=-1)
 
 
 class Anchor:
@@ -154,6 +169,17 @@ class Anchor:
                 return a
         return self.config.alpha
 
+    def visual_weight(self, text: torch.Tensor):
+        """The prior's visual-block weight per query (B,) from the router's per-operation weights (see
+        :func:`prior`); None (the plain sum) when the anchor does not set it apart."""
+        if self.routed and self.config.visual_from > 0:
+            return self.router.visual_weight(text)
+        return None
+
+    def prior(self, image: torch.Tensor, text: torch.Tensor) -> torch.Tensor:
+        """(B, D) the training-free prior this anchor blends with (:func:`prior` at its weights)."""
+        return prior(image, text, self.text_weight(text), self.visual_weight(text), int(self.config.visual_from))
+
     def trust(self, image: torch.Tensor, text: torch.Tensor, op_text: Optional[torch.Tensor] = None) -> torch.Tensor:
         """(B,) the share tau of the learned correction for each query."""
         c = self.config
@@ -166,7 +192,7 @@ class Anchor:
               tau: Optional[torch.Tensor] = None) -> torch.Tensor:
         """(B, D) normalise((1 - tau) * prior + tau * normalise(learned))."""
         tau = self.trust(image, text) if tau is None else tau
-        p = prior(image, text, self.text_weight(text))
+        p = self.prior(image, text)
         return F.normalize((1 - tau)[:, None] * p + tau[:, None] * F.normalize(learned.float(), dim=-1), dim=-1)
 
     def explain_blend(self, image: torch.Tensor, text: torch.Tensor, learned: torch.Tensor,
@@ -183,6 +209,9 @@ class Anchor:
                                  "trust": round(float(self.router.trust[self.router.classes.index(name)]), 3)}
             a = self.text_weight(text)
             expl["prior_text_weight"] = round(float(a[0] if isinstance(a, torch.Tensor) else a), 3)
+            v = self.visual_weight(text)
+            if v is not None:
+                expl["prior_visual_weight"] = round(float(v[0]), 3)
         elif self.uses_operations and op_text is not None:
             expl["familiarity_of"] = "the operation (content words masked)"
         return self.blend(image, text, learned, tau), expl
@@ -282,7 +311,7 @@ def load_anchor(path, record: dict) -> Optional[Anchor]:
             text = f.get_tensor(PREFIX + "text_bank") if PREFIX + "text_bank" in keys else None
             image = f.get_tensor(PREFIX + "image_bank") if PREFIX + "image_bank" in keys else None
             ops = f.get_tensor(PREFIX + "op_bank") if PREFIX + "op_bank" in keys else None
-            route = {k: f.get_tensor(PREFIX + k) for k in ("route_w", "route_b", "route_trust", "route_alpha")
+            route = {k: f.get_tensor(PREFIX + k) for k in ("route_w", "route_b", "route_trust", "route_alpha", "route_visual")
                      if PREFIX + k in keys}
         vocab = record.get("anchor_vocab") or ()
         if not (isinstance(vocab, (list, tuple)) and all(isinstance(w, str) for w in vocab)):
@@ -290,7 +319,7 @@ def load_anchor(path, record: dict) -> Optional[Anchor]:
         router = None
         if {"route_w", "route_b", "route_trust"} <= set(route):
             router = Router(route["route_w"], route["route_b"], record.get("anchor_routes") or [], route["route_trust"],
-                            route.get("route_alpha"))
+                            route.get("route_alpha"), route.get("route_visual"))
         return Anchor(AnchorConfig.from_dict(record["anchor"]), text, image, ops, vocab, router)
     except Exception as exc:
         raise CheckpointError(f"{Path(path).name}: its prior anchor cannot be read ({exc.__class__.__name__})") from None

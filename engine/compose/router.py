@@ -10,7 +10,9 @@ never a validation or test word or template). Each class has a trust ``w_k`` cho
 the anchor's image ramp). Each class can also carry the prior's own text weight ``a_k`` (also chosen on
 validation): the training-free prior a composer is anchored to is then ``normalise((1 - a) img + a txt)`` with
 ``a = sum_k p_k a_k``, so "a cat instead" leans on the words (a new object owes little to the reference's
-look) and "the same car in red" keeps the reference. The tensors travel in the composer's checkpoint (``anchor.route_*``), the class
+look) and "the same car in red" keeps the reference. On a backbone with a visual block each class can also carry
+that block's weight ``v_k`` (``v = sum_k p_k v_k``; engine.compose.anchor.prior), so "the same view by night"
+follows the words in the named block and still keeps this very photo in the visual one. The tensors travel in the composer's checkpoint (``anchor.route_*``), the class
 names in its record (``anchor_routes``).
 """
 from __future__ import annotations
@@ -22,7 +24,8 @@ import torch
 
 class Router:
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor, classes: Sequence[str],
-                 trust: Optional[torch.Tensor] = None, alpha: Optional[torch.Tensor] = None):
+                 trust: Optional[torch.Tensor] = None, alpha: Optional[torch.Tensor] = None,
+                 visual: Optional[torch.Tensor] = None):
         k = len(classes)
         if weight.ndim != 2 or weight.shape[0] != k or bias.shape != (k,):
             raise ValueError(f"router tensors do not match its {k} classes")
@@ -31,11 +34,14 @@ class Router:
         self.trust = torch.zeros(k) if trust is None else trust.float().reshape(k)
         # the prior's text weight per operation (None: the anchor's one alpha for every operation)
         self.alpha = None if alpha is None else alpha.float().reshape(k)
-        for t in (self.weight, self.bias, self.trust, *(() if self.alpha is None else (self.alpha,))):
+        # the prior's visual-block weight per operation (None: the plain sum's 1 - text weight)
+        self.visual = None if visual is None or alpha is None else visual.float().reshape(k)
+        for t in (self.weight, self.bias, self.trust, *(x for x in (self.alpha, self.visual) if x is not None)):
             if not torch.isfinite(t).all():
                 raise ValueError("router tensors are not finite")
         self.trust = self.trust.clamp(0.0, 1.0)
         self.alpha = None if self.alpha is None else self.alpha.clamp(0.0, 1.0)
+        self.visual = None if self.visual is None else self.visual.clamp(0.0, 2.0)
 
     def probabilities(self, text: torch.Tensor) -> torch.Tensor:
         """(B, D) text embeddings -> (B, K) operation probabilities."""
@@ -50,6 +56,10 @@ class Router:
         """(B,) the prior's text weight sum_k p_k a_k (None when the router carries no per-operation weights)."""
         return None if self.alpha is None else self.probabilities(text) @ self.alpha
 
+    def visual_weight(self, text: torch.Tensor) -> Optional[torch.Tensor]:
+        """(B,) the prior's visual-block weight sum_k p_k v_k (None without per-operation ones)."""
+        return None if self.visual is None else self.probabilities(text) @ self.visual
+
     def top(self, text: torch.Tensor) -> Tuple[str, float]:
         p = self.probabilities(text[:1])[0]
         i = int(p.argmax())
@@ -60,4 +70,6 @@ class Router:
                prefix + "route_trust": self.trust.contiguous()}
         if self.alpha is not None:
             out[prefix + "route_alpha"] = self.alpha.contiguous()
+        if self.visual is not None:
+            out[prefix + "route_visual"] = self.visual.contiguous()
         return out

@@ -66,6 +66,9 @@ TAU_GRID = np.linspace(0.0, 1.0, 21)
 ROUTE_VALUES = (0.0, 0.25, 0.5, 0.75, 1.0)  # the trust an operation of the router can get
 ALPHA_STEPS = tuple(np.round(np.linspace(0.0, 1.0, 11), 2))  # the prior text weights the fit's table holds
 ROUTE_ALPHAS = (0.3, 0.5, 0.7, 0.8, 0.9, 1.0)  # the prior text weight an operation of the router can get
+# the prior visual-block weight an operation can get on a backbone with a visual block (engine.compose.anchor.prior),
+# beside the plain sum's 1 - text weight
+ROUTE_VISUALS = (0.0, 0.25, 0.5, 1.0)
 
 
 @dataclass
@@ -197,20 +200,24 @@ def _ramps(values: np.ndarray) -> List[tuple]:
     return out
 
 
-def fit(anchor: Anchor, suite: FitSet, domain: FitSet, tolerance: float = TOLERANCE) -> tuple:
-    """(AnchorConfig, report) by the rule of the module text."""
+def fit(anchor: Anchor, suite: FitSet, domain: FitSet, tolerance: float = TOLERANCE, split: int = 0) -> tuple:
+    """(AnchorConfig, report) by the rule of the module text. ``split`` > 0: the first dimension of the
+    backbone's visual block; the router's operations may then also weigh that block apart (ROUTE_VISUALS)."""
     feats = {}
     ops = (0.0, 1.0) if anchor.op_bank is not None and all(s.op_text is not None for s in (suite, domain)) else (0.0,)
     alphas = alpha_grid(anchor.config.alpha)
     a0 = alphas.index(round(anchor.config.alpha, 4))
+    split = split if anchor.router is not None else 0
+    # the priors the table holds: the plain sums first (row i: text weight alphas[i]), then the channel-aware ones
+    priors = [(a, None) for a in alphas] + [(a, v) for a in ROUTE_ALPHAS for v in ROUTE_VISUALS if split]
     for s in (suite, domain):
         ft, fv = anchor.familiarities(s.image, s.text)
         fo = familiarity(s.op_text, anchor.op_bank) if len(ops) > 1 else ft
         l = F.normalize(s.learned, dim=-1)
         # the blend's scores are (1 - tau) p.g + tau l.g over its norm, a positive per-query scale that leaves
         # the ranking alone: the score matrices are computed once and every setting only mixes them
-        feats[s.name] = ({0.0: ft, 1.0: fo}, fv, [prior(s.image, s.text, a) @ s.gallery.T for a in alphas],
-                         l @ s.gallery.T)
+        feats[s.name] = ({0.0: ft, 1.0: fo}, fv, [prior(s.image, s.text, a, v, split) @ s.gallery.T
+                                                  for a, v in priors], l @ s.gallery.T)
     # each query's rank at every (prior text weight, tau) of the grids, computed once: a setting then only looks
     # its ranks up (alpha and tau rounded to the grids' steps for the fit; the composer applies the exact values)
     table = {s.name: np.stack([np.stack([s.ranks_of_scores((1 - t) * pa + t * feats[s.name][3]) for t in TAU_GRID],
@@ -255,7 +262,7 @@ def fit(anchor: Anchor, suite: FitSet, domain: FitSet, tolerance: float = TOLERA
             best_cfg, best = cfg, (obj, ks, dom)
     routed = None
     if anchor.router is not None:
-        routed = _fit_routes(anchor, suite, domain, feats, table, alphas, objective, best_cfg)
+        routed = _fit_routes(anchor, suite, domain, feats, table, priors, objective, best_cfg, split)
         if routed[0][0] > best[0][0] + 1e-9:
             best_cfg, best = routed[1], routed[0:1] + routed[2:4]
     full_ks, full_dom = score(AnchorConfig(1.0, alpha=anchor.config.alpha))
@@ -273,9 +280,13 @@ def fit(anchor: Anchor, suite: FitSet, domain: FitSet, tolerance: float = TOLERA
                             "trust": dict(zip(anchor.router.classes, [round(float(v), 2) for v in routed[4]])),
                             "prior_text_weight": dict(zip(anchor.router.classes, [round(float(v), 2) for v in routed[5]])),
                             "total": round(routed[0][0], 2)}
+        if routed[6] is not None:
+            report["routes"]["prior_visual_weight"] = dict(zip(anchor.router.classes,
+                                                               [round(float(v), 2) for v in routed[6]]))
         if best_cfg.route:
             anchor.router.trust = torch.tensor(routed[4], dtype=torch.float32)
             anchor.router.alpha = torch.tensor(routed[5], dtype=torch.float32)
+            anchor.router.visual = None if routed[6] is None else torch.tensor(routed[6], dtype=torch.float32)
     return best_cfg, report
 
 
@@ -284,24 +295,33 @@ def alpha_grid(alpha: float) -> List[float]:
     return sorted({round(float(a), 4) for a in ALPHA_STEPS} | {round(float(alpha), 4)})
 
 
-def _fit_routes(anchor: Anchor, suite: FitSet, domain: FitSet, feats: dict, table: dict, alphas: Sequence[float],
-                objective, start: AnchorConfig, passes: int = 3) -> tuple:
-    """Coordinate ascent on the router's per-operation trust (values of :data:`ROUTE_VALUES`) and per-operation
-    prior text weight (values of :data:`ROUTE_ALPHAS`), the image ramp of ``start`` kept, by ``objective``.
-    Returns (objective, config, kinds, in-domain R@10, trust, text weights)."""
+def _fit_routes(anchor: Anchor, suite: FitSet, domain: FitSet, feats: dict, table: dict, priors: Sequence[tuple],
+                objective, start: AnchorConfig, split: int = 0, passes: int = 3) -> tuple:
+    """Coordinate ascent on the router's per-operation trust (values of :data:`ROUTE_VALUES`), per-operation
+    prior text weight (values of :data:`ROUTE_ALPHAS`) and, with a visual block (``split``), per-operation
+    visual-block weight (the plain sum's or one of :data:`ROUTE_VISUALS`), the image ramp of ``start`` kept, by
+    ``objective``. Returns (objective, config, kinds, in-domain R@10, trust, text weights, visual weights or
+    None when every operation kept the plain sum's)."""
     probs = {s.name: anchor.router.probabilities(s.text) for s in (suite, domain)}
     cfg = AnchorConfig(1.0, -1.0, -1.0, start.image_lo, start.image_hi, anchor.config.alpha, 0.0, 1.0)
-    grid_a = np.asarray(alphas, dtype=np.float32)
+    # each table row as (text weight, visual-block weight); a plain sum's visual weight is 1 - its text weight
+    grid_a = np.asarray([a for a, _ in priors], dtype=np.float32)
+    grid_v = np.asarray([1 - a if v is None else v for a, v in priors], dtype=np.float32)
     ramps = {s.name: ramp(feats[s.name][1], cfg.image_lo, cfg.image_hi) for s in (suite, domain)}
 
-    def evaluate(trust: np.ndarray, alpha: np.ndarray):
+    def effective(alpha: np.ndarray, visual: np.ndarray) -> np.ndarray:
+        return np.where(np.isnan(visual), 1 - alpha, visual).astype(np.float32)
+
+    def evaluate(trust: np.ndarray, alpha: np.ndarray, visual: np.ndarray):
         out = {}
         for s in (suite, domain):
             p = probs[s.name]
             tau = (p @ torch.from_numpy(trust).float()) * ramps[s.name]
             col = np.rint(tau.numpy() * (len(TAU_GRID) - 1)).astype(np.int64)
             a = (p @ torch.from_numpy(alpha).float()).numpy()
-            row = np.abs(a[:, None] - grid_a[None, :]).argmin(axis=1)  # the nearest text weight of the table
+            v = (p @ torch.from_numpy(effective(alpha, visual))).numpy()
+            # the nearest (text weight, visual weight) of the table
+            row = (np.abs(a[:, None] - grid_a[None, :]) + np.abs(v[:, None] - grid_v[None, :])).argmin(axis=1)
             out[s.name] = table[s.name][row, np.arange(len(col)), col]
         ks = kind_scores(out[suite.name], suite.kinds)
         dom = r10(out[domain.name])
@@ -310,19 +330,24 @@ def _fit_routes(anchor: Anchor, suite: FitSet, domain: FitSet, feats: dict, tabl
     k = len(anchor.router.classes)
     trust = np.zeros(k, dtype=np.float32)
     alpha = np.full(k, anchor.config.alpha, dtype=np.float32)
-    best = evaluate(trust, alpha)
+    visual = np.full(k, np.nan, dtype=np.float32)  # nan: the plain sum's
+    visuals = (np.nan, *(ROUTE_VISUALS if split else ()))
+    best = evaluate(trust, alpha, visual)
     for _ in range(passes):
         moved = False
         for i in range(k):
-            for v, a in itertools.product(ROUTE_VALUES, ROUTE_ALPHAS):
-                t_trial, a_trial = trust.copy(), alpha.copy()
-                t_trial[i], a_trial[i] = v, a
-                res = evaluate(t_trial, a_trial)
+            for t, a, v in itertools.product(ROUTE_VALUES, ROUTE_ALPHAS, visuals):
+                t_trial, a_trial, v_trial = trust.copy(), alpha.copy(), visual.copy()
+                t_trial[i], a_trial[i], v_trial[i] = t, a, v
+                res = evaluate(t_trial, a_trial, v_trial)
                 if res[0][0] > best[0][0] + 1e-9:
-                    trust, alpha, best, moved = t_trial, a_trial, res, True
+                    trust, alpha, visual, best, moved = t_trial, a_trial, v_trial, res, True
         if not moved:
             break
-    return best[0], cfg, best[1], best[2], trust, alpha
+    if np.isnan(visual).all():
+        return best[0], cfg, best[1], best[2], trust, alpha, None
+    cfg.visual_from = float(split)
+    return best[0], cfg, best[1], best[2], trust, alpha, effective(alpha, visual)
 
 
 def _r(d: dict) -> dict:
@@ -368,7 +393,7 @@ def anchor_checkpoint(backbone, part: str, checkpoint_dir=None, progress: bool =
     suite = suite_set(backbone, composer)
     domain = in_domain_set(backbone, composer)
     with_operations(backbone, anchor, suite, domain)
-    cfg, report = fit(anchor, suite, domain)
+    cfg, report = fit(anchor, suite, domain, split=visual_split(backbone))
     if not cfg.route:
         anchor.router = None  # not chosen: nothing stored
     if router_acc is not None:
@@ -385,6 +410,13 @@ def anchor_checkpoint(backbone, part: str, checkpoint_dir=None, progress: bool =
     if progress:
         print(json.dumps(report, indent=1))
     return report
+
+
+def visual_split(backbone) -> int:
+    """The first dimension of the backbone's visual block (the packaged backbone's visual channel:
+    engine.backbones.visual), 0 when its image embeddings have none (texts and images fill every dimension)."""
+    text_dim, dim = int(getattr(backbone, "text_dim", 0) or 0), int(getattr(backbone, "embed_dim", 0) or 0)
+    return text_dim if getattr(backbone, "visual", None) is not None and 0 < text_dim < dim else 0
 
 
 def _checkpoint_path(part: str, record: dict, checkpoint_dir, backbone) -> Path:
