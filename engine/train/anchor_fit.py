@@ -358,7 +358,7 @@ def _r(d: dict) -> dict:
 
 
 def anchor_checkpoint(backbone, part: str, checkpoint_dir=None, progress: bool = True,
-                      keep_banks: bool = False, new_router: bool = False) -> dict:
+                      keep_banks: bool = False, new_router: bool = False, visual_prior: bool = False) -> dict:
     """Builds, fits and stores the anchor of the ``part`` checkpoint for ``backbone`` found in
     ``checkpoint_dir`` (rewritten in place). Returns the fit's report.
 
@@ -366,7 +366,8 @@ def anchor_checkpoint(backbone, part: str, checkpoint_dir=None, progress: bool =
     kept and only the ramps, trusts and prior text weights are fitted again (no training image embedded, no
     router trained: minutes instead of a quarter of an hour on 2 cores); without a stored anchor, as usual.
     ``new_router`` (with ``keep_banks``): the router is trained again from :func:`operation_texts` (a change of
-    its texts), the banks still kept."""
+    its texts), the banks still kept. ``visual_prior``: the router's operations may also weigh the backbone's visual
+    block apart (engine.compose.anchor.prior; off by default, see docs/rtic.md)."""
     if part in ("rtic", "rtic+gcn"):
         composer = load_rtic_composer(backbone, checkpoint_dir, variant=part)
         model, record = composer.model, composer.record
@@ -385,15 +386,16 @@ def anchor_checkpoint(backbone, part: str, checkpoint_dir=None, progress: bool =
         if anchor.router is None or new_router:
             anchor.router, router_acc = train_router(backbone, operation_texts())
         command = f"python -m engine train anchor --composer {part} --keep-banks" + (" --new-router" * new_router)
+        command += " --visual-prior" * visual_prior
     else:
         texts, images = bank_inputs(part, record)
         anchor = build_banks(backbone, texts, images)
         anchor.router, router_acc = train_router(backbone, operation_texts())
-        n_texts, command = len(texts), f"python -m engine train anchor --composer {part}"
+        n_texts, command = len(texts), f"python -m engine train anchor --composer {part}" + " --visual-prior" * visual_prior
     suite = suite_set(backbone, composer)
     domain = in_domain_set(backbone, composer)
     with_operations(backbone, anchor, suite, domain)
-    cfg, report = fit(anchor, suite, domain, split=visual_split(backbone))
+    cfg, report = fit(anchor, suite, domain, split=visual_split(backbone) if visual_prior else 0)
     if not cfg.route:
         anchor.router = None  # not chosen: nothing stored
     if router_acc is not None:
@@ -438,6 +440,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                    "checkpoint; fit only the ramps, trusts and per-operation prior text weights again")
     p.add_argument("--new-router", action="store_true", help="with --keep-banks: train the operation router again "
                    "(its texts changed) and keep only the banks")
+    p.add_argument("--visual-prior", action="store_true", help="let each operation also weigh the backbone's visual "
+                   "block apart in the prior (channel-aware prior; off by default: docs/rtic.md says why)")
     args = p.parse_args(argv)
     if args.new_router and not args.keep_banks:
         p.error("--new-router goes with --keep-banks (without it the router is always trained again)")
@@ -445,7 +449,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     configure_process(settings)
     backbone = create_backbone(args.backbone or settings.backbone, args.device, settings=settings)
     anchor_checkpoint(backbone, args.composer, args.checkpoints or settings.checkpoints, keep_banks=args.keep_banks,
-                      new_router=args.new_router)
+                      new_router=args.new_router, visual_prior=args.visual_prior)
     return 0
 
 
