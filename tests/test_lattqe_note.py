@@ -27,7 +27,9 @@ def test_shortfall_only_when_validation_was_below_no_expansion():
 def test_the_live_lattqe_box_shows_the_bundled_checkpoints_figures(gallery_engine):
     from demo import handlers as h
 
-    sidecar = json.loads(next((ASSETS / "checkpoints").glob("lattqe-packaged-*.json")).read_text())
+    # the image-only LAttQE's sidecar (the text-conditioned one, lattqe-text, has its own "-text" file)
+    sidecar = json.loads(next(p for p in sorted((ASSETS / "checkpoints").glob("lattqe-packaged-*.json"))
+                              if not p.stem.endswith("-text")).read_text())
     info = h.lattqe_info(gallery_engine)
     assert "lattqe" in gallery_engine.expanders  # the bundled checkpoint is live
     if sidecar["val_map"] < sidecar["val_map_none"]:

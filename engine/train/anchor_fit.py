@@ -200,28 +200,35 @@ def _ramps(values: np.ndarray) -> List[tuple]:
     return out
 
 
+def _score_tables(anchor: Anchor, sets: Sequence[FitSet], priors: Sequence[tuple], split: int, with_ops: bool):
+    """(per set: (familiarities {op: (B,)}, image familiarity, [prior scores (B, N) per prior], learned scores),
+    per set: each query's rank at every (prior, tau) of the grids (P, B, len(TAU_GRID)))."""
+    feats = {}
+    for s in sets:
+        ft, fv = anchor.familiarities(s.image, s.text)
+        fo = familiarity(s.op_text, anchor.op_bank) if with_ops else ft
+        l = F.normalize(s.learned, dim=-1)
+        # the blend's scores are (1 - tau) p.g + tau l.g over its norm, a positive per-query scale that leaves
+        # the ranking alone: the score matrices are computed once and every setting only mixes them
+        feats[s.name] = ({0.0: ft, 1.0: fo}, fv, [prior(s.image, s.text, a, v, split) @ s.gallery.T
+                                                  for a, v in priors], l @ s.gallery.T)
+    # each query's rank at every (prior, tau) of the grids, computed once: a setting then only looks its ranks up
+    # (text weight and tau rounded to the grids' steps for the fit; the composer applies the exact values)
+    table = {s.name: np.stack([np.stack([s.ranks_of_scores((1 - t) * pa + t * feats[s.name][3]) for t in TAU_GRID],
+                                        axis=1) for pa in feats[s.name][2]]) for s in sets}
+    return feats, table
+
+
 def fit(anchor: Anchor, suite: FitSet, domain: FitSet, tolerance: float = TOLERANCE, split: int = 0) -> tuple:
     """(AnchorConfig, report) by the rule of the module text. ``split`` > 0: the first dimension of the
     backbone's visual block; the router's operations may then also weigh that block apart (ROUTE_VISUALS)."""
-    feats = {}
     ops = (0.0, 1.0) if anchor.op_bank is not None and all(s.op_text is not None for s in (suite, domain)) else (0.0,)
     alphas = alpha_grid(anchor.config.alpha)
     a0 = alphas.index(round(anchor.config.alpha, 4))
     split = split if anchor.router is not None else 0
     # the priors the table holds: the plain sums first (row i: text weight alphas[i]), then the channel-aware ones
     priors = [(a, None) for a in alphas] + [(a, v) for a in ROUTE_ALPHAS for v in ROUTE_VISUALS if split]
-    for s in (suite, domain):
-        ft, fv = anchor.familiarities(s.image, s.text)
-        fo = familiarity(s.op_text, anchor.op_bank) if len(ops) > 1 else ft
-        l = F.normalize(s.learned, dim=-1)
-        # the blend's scores are (1 - tau) p.g + tau l.g over its norm, a positive per-query scale that leaves
-        # the ranking alone: the score matrices are computed once and every setting only mixes them
-        feats[s.name] = ({0.0: ft, 1.0: fo}, fv, [prior(s.image, s.text, a, v, split) @ s.gallery.T
-                                                  for a, v in priors], l @ s.gallery.T)
-    # each query's rank at every (prior text weight, tau) of the grids, computed once: a setting then only looks
-    # its ranks up (alpha and tau rounded to the grids' steps for the fit; the composer applies the exact values)
-    table = {s.name: np.stack([np.stack([s.ranks_of_scores((1 - t) * pa + t * feats[s.name][3]) for t in TAU_GRID],
-                                        axis=1) for pa in feats[s.name][2]]) for s in (suite, domain)}
+    feats, table = _score_tables(anchor, (suite, domain), priors, split, len(ops) > 1)
     prior_suite = kind_scores(table[suite.name][a0, :, 0], suite.kinds)
     prior_domain = r10(table[domain.name][a0, :, 0])
     # the best training-free method on each kind: image only (alpha 0), text only (alpha 1), the sum (alpha 0.5)
