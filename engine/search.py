@@ -25,7 +25,7 @@ from .config import MAX_K, Settings
 from .defaults import engine_defaults
 from .errors import CheckpointError, EngineError, InputError
 from .expand import EXPANDERS, Expander, ExpanderUnavailable
-from .expand.base import Expansion
+from .expand.base import Expansion, expand_query
 from .images import DEFAULT_MAX_BYTES, REFERENCE_SIDE, decode_limits, load_image, read_bytes
 from .index.store import GalleryIndex
 from .share import ReferenceStore
@@ -416,9 +416,7 @@ def _expand(engine: SearchEngine, expand: str, qvec, s1, i1, nq: int, n_out: int
     close = nb_sims >= floor   # only neighbours this close are averaged in (engine.defaults)
     nb_ids, nb_sims = nb_ids[close], nb_sims[close]
     neighbours = engine.index.embeddings[nb_ids].astype(np.float32)
-    # the text goes only to an expander that reads it: one written to the three-argument form keeps working
-    reads = {"text": text} if getattr(engine.expanders[expand], "reads_text", False) else {}
-    ex = (engine.expanders[expand].expand(qvec, neighbours, nb_sims, **reads) if len(nb_ids) else
+    ex = (expand_query(engine.expanders[expand], qvec, neighbours, nb_sims, text) if len(nb_ids) else
           Expansion(qvec, np.zeros(0), {"kept_because": f"no result is as close to the query as the floor "
                                                         f"{floor:g} (cosine) this expander needs"}))
     # ranks before expansion as the search without expansion shows them: the reference left out the same way

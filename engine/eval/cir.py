@@ -22,6 +22,7 @@ from ..config import Settings
 from ..data.features import embed_paths
 from ..data.formats import image_path, load_split
 from ..expand import EXPANDERS, ExpanderUnavailable
+from ..expand.base import expand_query
 from ..images import load_image
 from ..index import hubs
 from .metrics import first_hit_ranks, recall_from_ranks
@@ -142,8 +143,8 @@ def rank_queries(qvecs: np.ndarray, queries, gallery, gemb, pos, expanders: Opti
                 if floor is not None:
                     order = order[first[order] >= floor(name)]
                 if len(order):
-                    s = vecs @ expanders[name].expand(qvecs[qi], vecs[order], first[order],
-                                                     text=None if texts is None else texts[qi]).vector - penalty
+                    s = vecs @ expand_query(expanders[name], qvecs[qi], vecs[order], first[order],
+                                            None if texts is None else texts[qi]).vector - penalty
             r = first_hit_ranks(s[None], np.isin(cand, list(targets))[None])[0]
             ranks[name][qi] = int(r) + 1 if np.isfinite(r) else len(cand) + 1
     return ranks

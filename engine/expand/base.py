@@ -34,6 +34,15 @@ class Expander(ABC):
         reads the text (text-conditioned LAttQE) uses it; the others ignore it."""
 
 
+def expand_query(expander, query: np.ndarray, neighbours: np.ndarray, sims: np.ndarray, text=None) -> Expansion:
+    """``expander.expand`` with the modification text's embedding handed only to an expander that reads it
+    (``reads_text``): one written to the three-argument ``expand(query, neighbours, sims)`` keeps working. The one
+    call the search and the evaluations make."""
+    if getattr(expander, "reads_text", False):
+        return expander.expand(query, neighbours, sims, text=text)
+    return expander.expand(query, neighbours, sims)
+
+
 def l2n(v: np.ndarray) -> np.ndarray:
     v = np.asarray(v, dtype=np.float32)
     n = np.linalg.norm(v, axis=-1, keepdims=True)
