@@ -186,3 +186,61 @@ def test_visual_projection_refit_is_reproducible_and_a_damaged_file_is_refused(t
     np.savez(projection_path("lite7", tmp_path), mean=m1, components=c1[:5])
     with pytest.raises(ValueError, match="not a visual projection"):
         load_channel("lite7", 0.5, tmp_path)
+
+
+def test_definitions_bridge_is_its_own_version_and_describes_each_class_by_name_and_definition(packaged):
+    """class table = normalise(e("a photo of a NAME.") + e("a photo of a NAME, DEFINITION.")); another
+    fingerprint and name (checkpoints of the shipped version never load for it); texts are unchanged."""
+    from engine.backbones.packaged import DEFINITION_PROMPT, imagenet_definitions
+
+    defs = create_backbone("packaged:lite0+definitions", "cpu")
+    assert defs.bridge == "definitions" and packaged.bridge == "names"
+    assert defs.fingerprint != packaged.fingerprint and "+definitions-" in defs.fingerprint
+    assert defs.name == packaged.name + "+definitions"
+    glosses = imagenet_definitions()
+    assert glosses[0].startswith("freshwater dace-like game fish") and "barrier" in glosses[defs.class_names.index("dam")]
+    rows = [0, defs.class_names.index("dam"), 999]
+    names = packaged.encode_texts([f"a photo of a {defs.class_names[i]}." for i in rows]).embeddings[:, :384]
+    described = packaged.encode_texts([DEFINITION_PROMPT.format(defs.class_names[i], glosses[i])
+                                       for i in rows]).embeddings[:, :384]
+    expect = torch.nn.functional.normalize(names + described, dim=-1)
+    assert torch.allclose(defs.class_text[rows], expect, atol=1e-5)
+    texts = ["a dog", "a barrier that holds back water"]
+    assert torch.allclose(defs.encode_texts(texts).embeddings, packaged.encode_texts(texts).embeddings, atol=1e-6)
+    # a word no class is named after reaches its class through the definition, not through the names alone
+    t = packaged.encode_texts(["a barrier that holds back water"]).embeddings[:, :384]
+    assert defs.class_names[int((t @ defs.class_text.T).argmax())] == "dam"
+    assert packaged.class_names[int((t @ packaged.class_text.T).argmax())] != "dam"
+
+
+def test_packaged_spec_options_are_checked_in_one_sentence(tmp_path):
+    from engine.backbones.packaged import imagenet_definitions, parse_spec
+    from engine.errors import EngineError
+
+    assert parse_spec("") == ("lite0", "names") and parse_spec("lite2+definitions") == ("lite2", "definitions")
+    assert parse_spec("definitions") == ("lite0", "definitions")
+    with pytest.raises(EngineError, match="unknown packaged backbone option 'glosses'"):
+        create_backbone("packaged:lite0+glosses", "cpu")
+    short = tmp_path / "defs.tsv"
+    short.write_text("# header\n0\tn01440764\ta fish\n2\tn01443537\tanother fish\n")
+    with pytest.raises(EngineError, match="class 2 where class 1 was expected"):
+        imagenet_definitions(short)
+    short.write_text("0\tn01440764\ta fish\n")
+    with pytest.raises(EngineError, match="defines 1 classes"):
+        imagenet_definitions(short)
+
+
+def test_the_bundled_definitions_table_is_the_tools_output():
+    """assets/wordnet/imagenet-definitions.tsv is what tools/imagenet_definitions.py writes from timm's WordNet
+    copy (so rerunning the tool reproduces it), one definition per class in the classifier's order."""
+    import importlib.util
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    spec = importlib.util.spec_from_file_location("imagenet_definitions", root / "tools" / "imagenet_definitions.py")
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    lines = [ln for ln in (root / "assets" / "wordnet" / "imagenet-definitions.tsv").read_text().splitlines()
+             if not ln.startswith("#")]
+    assert lines == [f"{i}\t{w}\t{g}" for i, w, g in tool.rows()]
+    assert (root / "assets" / "wordnet" / "LICENSE").read_text().count("Princeton University") >= 2

