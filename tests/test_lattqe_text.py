@@ -1,6 +1,8 @@
 """Text-conditioned LAttQE (``config.text_token``, expander ``lattqe-text``): the modification text is a token of
 the sequence, the expansion stays in the span of the query and its neighbours, image-only queries still expand,
 training on composed queries lowers the loss, and its checkpoint round-trips through the one loader."""
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 import torch
@@ -219,8 +221,28 @@ def test_an_expander_below_no_expansion_on_validation_is_not_offered(monkeypatch
     kinds = np.array(["colour"] * 4)
     evv = {"suite_obj": None, "tensors": (None, None, None), "kinds": kinds, "texts": np.zeros((4, 2)),
            "vectors": {"rtic": np.zeros((4, 2))}}
-    without, with_ = overall_change(evv, "x", 4, -1.0, 0.02, g.rank_suite)
+    reader = SimpleNamespace(reads_text=True)  # a stand-in for a text-conditioned expander
+    without, with_ = overall_change(evv, reader, 4, -1.0, 0.02, g.rank_suite)
     assert without > with_
+
+
+def test_the_suite_encodes_the_query_texts_only_for_an_expander_that_reads_them():
+    """An evaluation holds its texts as a function: ``texts_of`` calls it once, for the first expander that reads the
+    text, keeps the result, and hands nothing to one that does not."""
+    from engine.eval.expander_offer import texts_of
+
+    calls = []
+
+    def encode():
+        calls.append(1)
+        return np.ones((3, 2))
+
+    ev = {"texts": encode}
+    assert texts_of(ev, SimpleNamespace(reads_text=False)) == {} and texts_of(ev, object()) == {} and not calls
+    first = texts_of(ev, SimpleNamespace(reads_text=True))["texts"]
+    again = texts_of(ev)["texts"]
+    assert calls == [1] and first is again and first.shape == (3, 2)
+    assert texts_of({"texts": None}, SimpleNamespace(reads_text=True)) == {}
 
 
 def test_the_shipped_text_model_loads_but_the_page_does_not_offer_it(gallery_engine):

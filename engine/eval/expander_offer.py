@@ -9,10 +9,17 @@ import numpy as np
 from ..compose.auto import overall_of_ranks
 
 
-def texts_of(ev: dict) -> dict:
-    """``rank_suite``'s ``texts`` argument from an evaluation (none when it holds no text embeddings), so a
-    text-conditioned expander is measured with the queries' texts as the page runs it."""
-    return {"texts": ev["texts"]} if ev.get("texts") is not None else {}
+def texts_of(ev: dict, expander=None) -> dict:
+    """``rank_suite``'s ``texts`` argument from an evaluation (none when it holds no text embeddings, or when
+    ``expander`` is given and does not read the text), so a text-conditioned expander is measured with the queries'
+    texts as the page runs it. An evaluation may hold them as a function that encodes them (``evaluate``): they
+    are encoded on the first call that needs them and kept."""
+    if expander is not None and not getattr(expander, "reads_text", False):
+        return {}
+    texts = ev.get("texts")
+    if callable(texts):
+        texts = ev["texts"] = texts()
+    return {"texts": texts} if texts is not None else {}
 
 
 def queries_changed(ev: dict, expander, nqe: int, floor: float, fraction: float, rank: Callable) -> int:
@@ -22,7 +29,7 @@ def queries_changed(ev: dict, expander, nqe: int, floor: float, fraction: float,
     gallery, gemb, pos = ev["tensors"]
     hub, density = ev.get("hub") or {}, ev.get("density")
     return int(sum((rank(v, suite, gallery, gemb, pos, expander, nqe, fraction, floor, hub.get(n, 0.0), density,
-                         **texts_of(ev))
+                         **texts_of(ev, expander))
                     != rank(v, suite, gallery, gemb, pos, hub=hub.get(n, 0.0), density=density)).sum()
                    for n, v in ev["vectors"].items()))
 
@@ -38,5 +45,5 @@ def overall_change(ev: dict, expander, nqe: int, floor: float, fraction: float, 
     for n, v in ev["vectors"].items():
         out += [overall_of_ranks(rank(v, suite, gallery, gemb, pos, hub=hub.get(n, 0.0), density=density), kinds),
                 overall_of_ranks(rank(v, suite, gallery, gemb, pos, expander, nqe, fraction, floor, hub.get(n, 0.0),
-                                      density, **texts_of(ev)), kinds)]
+                                      density, **texts_of(ev, expander)), kinds)]
     return [round(float(x) / max(1, len(ev["vectors"])), 2) for x in out]

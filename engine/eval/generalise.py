@@ -22,6 +22,7 @@ with 95 % bootstrap intervals (1,000 resamples of the queries); the reference is
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import time
 from dataclasses import dataclass, field
@@ -260,7 +261,8 @@ def evaluate(backbone, settings: Settings, side: str, composers: Optional[dict] 
     trusts: dict = {}
     qv = compose_queries(backbone, composers, suite.queries, ref_emb, ref_paths=ref_paths, trusts=trusts)
     kinds = np.array([q["kind"] for q in suite.queries])
-    texts = query_texts(backbone, suite.queries)  # what a text-conditioned expander (lattqe-text) reads
+    # what a text-conditioned expander (lattqe-text) reads: encoded only when one is ranked (texts_of)
+    ev_texts: dict = {"texts": functools.cache(lambda: query_texts(backbone, suite.queries))}
     d = defaults or engine_defaults(backbone, settings)
     density = group_density(gallery, gemb)
     results, plain = {}, {}
@@ -271,11 +273,11 @@ def evaluate(backbone, settings: Settings, side: str, composers: Optional[dict] 
         for ex_name, ex in _expanders(backbone, settings).items():
             for name, vecs in qv.items():
                 r = rank_suite(vecs, suite, gallery, gemb, pos, ex, d.nqe_for(ex_name), d.nqe_fraction,
-                               d.floor_for(ex_name), d.hub_weight_for(name), density, texts)
+                               d.floor_for(ex_name), d.hub_weight_for(name), density, **texts_of(ev_texts, ex))
                 results[(name, ex_name)] = summarise(r, kinds)
     return {"side": side, "suite": suite.summary(), "results": results, "suite_obj": suite, "density": density,
             "hub": {n: d.hub_weight_for(n) for n in qv},
-            "tensors": (gallery, gemb, pos), "vectors": qv, "texts": texts, "kinds": kinds, "trust": trusts, "ranks": plain,
+            "tensors": (gallery, gemb, pos), "vectors": qv, "texts": ev_texts["texts"], "kinds": kinds, "trust": trusts, "ranks": plain,
             "classes": operation_classes(backbone, composers, suite.queries),
             "hubness": suite_hubness(qv, suite, gemb, pos, hub={n: d.hub_weight_for(n) for n in qv}, density=density)}
 
@@ -384,7 +386,7 @@ def choose(backbone, settings: Settings, ev: dict, expander_grid: bool = True) -
         for value in NQE_GRID:
             for fl in FLOOR_GRID:
                 worst = min(summarise(rank_suite(v, suite, gallery, gemb, pos, ex, value, NQE_FRACTION, fl,
-                                                 **texts_of(ev)),
+                                                 **texts_of(ev, ex)),
                                       kinds)["all"]["R@10"] - base[n] for n, v in ev["vectors"].items())
                 rows[(value, fl)] = round(worst, 2)
         grid[ex_name] = {f"nqe {v}, floor {fl:g}": w for (v, fl), w in rows.items()}
