@@ -330,7 +330,7 @@ PARTS: Dict[str, Part] = {p.name: p for p in (
     Part("rtic", "RTIC", "rtic", "rtic*.safetensors", "python -m engine train rtic --data cir", "rtic",
          trainer="engine.train.rtic", runtime="engine.compose.rtic", text_alone=True,
          what="RTIC composer (add --gcn for the GCN stream)",
-         prepare=Prepare(share=0.20, probe=(1,), units=("epochs",), data=("cir", "captions"))),
+         prepare=Prepare(share=0.20, probe=(1,), units=("epochs",), data=("cir", "captions", "open_vocab"))),
     Part("rtic+gcn", "RTIC+GCN", "rtic-gcn", "rtic*.safetensors", "python -m engine train rtic --data cir --gcn",
          "rtic", trainer="engine.train.rtic", runtime="engine.compose.rtic", rank=1, text_alone=True),
     Part("lattqe", "LAttQE", "lattqe", "lattqe*.safetensors", "python -m engine train lattqe", "lattqe",

@@ -8,8 +8,8 @@ cache, searched after ``CIS_CHECKPOINTS``).
 
 Budget planning: the total ``--budget-min`` is shared between the parts (Context-I2W 45 %, RTIC 20 %,
 LAttQE 20 %, ICS 15 %, re-shared when fewer parts run). Each trainer first runs a short probe (one epoch on a
-small slice) whose wall time gives a measured cost per training unit (pair-epoch, triplet-epoch, query, item
-epoch); the run then gets as many units as fit its share after the probe, with at least one epoch. On a short
+small slice) twice: the first pays what the data costs once (embedding its images), the second's wall time gives
+the cost per training unit (pair-epoch, triplet-epoch, query, item epoch); the run then gets as many units as fit its share after the probe, with at least one epoch. On a short
 budget without CUDA the Context-I2W mapper is the small configuration. The plan and the measured costs are
 written into the checkpoint's ``.json`` sidecar under ``"prepare"``. The plan is an estimate (the load of a
 shared machine changes); the limit is enforced by :mod:`engine.train.budget`: a part's trainer ends at the
@@ -22,8 +22,8 @@ left (at least :data:`SUITE_STEP_S`): the prior anchor of each composer trained 
 then the defaults (method, nQE).
 A step the budget leaves out is listed as skipped with the command that runs it, and so is a part whose turn
 comes after the budget is spent (the first part always runs). The budget does not bound a started part's
-minimum: it runs its probe and at least one epoch, so a run ends within the budget plus one probe and one epoch
-of the last part it started (docs/deploy.md, "What the budget bounds", has a measured run).
+minimum: it runs its two probes and at least one epoch, so a run ends within the budget plus two probes and one
+epoch of the last part it started (docs/deploy.md, "What the budget bounds", has a measured run).
 
 Resumable: a finished part is found and skipped on the next run; the plan of an unfinished run is kept in
 ``<cache>/prepare/<slug>/<part>/plan.json`` and reused (no second probe), and Context-I2W / RTIC continue
@@ -66,7 +66,12 @@ from .train.budget import train_deadline
 # the shipped packaged mapper's command (docs/context_i2w.md), seed included
 CONTEXT_I2W_SMALL_RECIPE = ["--seed", "1", "--lr", "3e-4", "--warmup-steps", "30", "--gate-init", "0.3",
                             "--local-zero-init", "--global-dropout", "0.5", "--cosine-weight", "1.0"]
-RTIC_OFFLINE_RECIPE = ["--tone-edits", "--cos-weight", "0.3"]
+# the shipped RTIC's stage-1 recipe on the offline set (docs/rtic.md, "Command"): its optimiser, batch, one target
+# per reference, the photos' tone edits, the open-vocabulary operation set and the cosine term; the epochs are planned
+RTIC_OFFLINE_RECIPE = ["--optimizer", "sgd", "--lr", "0.01", "--batch-size", "128", "--max-targets", "1",
+                       "--tone-edits", "--open-vocab", "--cos-weight", "0.3"]
+CONTEXT_I2W_MAX_EPOCHS = 12  # the shipped packaged mapper's epochs (docs/context_i2w.md)
+RTIC_MAX_EPOCHS = 30  # the shipped RTIC's epochs
 LATTQE_SETS = "emoji,photos"
 # each part's budget share, probe, units and data sets, and the checkpoint prepare makes of it: its spec
 # (engine.checkpoints.PARTS[part].prepare); "defaults", the step that chooses the default method on the
@@ -215,26 +220,31 @@ SAFETY = 0.5  # plan 50 % of the share: the machine's load can change between th
 EVAL_RESERVE = 0.2  # training must end this share of a part's time before its end: evaluation and writing
 
 
-def plan_units(part: str, probe_units, probe_s: float, seconds: float, small: bool) -> tuple:
-    """Units for the real run from the probe's measured cost, filling ``SAFETY`` x ``seconds`` (the part's
-    share) after the probe."""
-    left = max(SAFETY * (seconds - probe_s), probe_s)  # at least as much as the probe again
+def plan_units(part: str, probe_units, cold_s: float, warm_s: float, seconds: float, small: bool) -> tuple:
+    """Units for the real run, filling ``SAFETY`` x what is left of ``seconds`` (the part's share) after both
+    probes. ``cold_s`` is the first probe: it also paid what a set costs once (embedding its images into the
+    feature cache); ``warm_s`` is the same probe again, which pays only the training (and the trainer's start), so
+    it is the cost per unit, an upper bound. Planning from the cold probe alone planned a few per cent of the
+    share (RTIC: 2 epochs of a 20-minute share whose epochs take seconds once the set is embedded)."""
+    warm_s = max(warm_s, 1e-3)
+    left = max(SAFETY * (seconds - cold_s - warm_s), warm_s)  # at least as much as the probe again
     if part == "context-i2w":
-        per_pair = probe_s / probe_units[0]  # upper bound: includes the run's fixed cost
-        pair_epochs = int(left / per_pair)
-        pairs = max(256, min(4096, pair_epochs))
-        epochs = max(1, min(10, pair_epochs // pairs))
-        return pairs, epochs
-    if part == "rtic":
-        return (max(2, min(30, int(left / probe_s))),)
+        # the probe embeds only its slice's images: each new pair of the real run may cost that once more
+        once = max(cold_s - warm_s, 0.0) / probe_units[0]
+        per_pair = warm_s / probe_units[0]
+        pairs = max(256, min(4096, int(left / (once + per_pair))))
+        epochs = int((left - pairs * once) / (pairs * per_pair))
+        return pairs, max(1, min(CONTEXT_I2W_MAX_EPOCHS, epochs))
+    if part == "rtic":  # the probe is a whole epoch: every image is embedded by then
+        return (max(2, min(RTIC_MAX_EPOCHS, int(left / warm_s))),)
     if part == "lattqe":
-        per_q = probe_s / probe_units[1]
+        per_q = warm_s / probe_units[1]
         total = int(left / per_q)
         queries = max(128, min(2048, total // 4))
         return max(1, min(40, total // queries)), queries
     if part == "ics":
-        return (max(5, min(60, int(left / probe_s * probe_units[0]))),)
-    return (max(1, int(left / probe_s * probe_units[0])),)  # epochs, linear in time
+        return (max(5, min(60, int(left / warm_s * probe_units[0]))),)
+    return (max(1, int(left / warm_s * probe_units[0])),)  # epochs, linear in time
 
 
 def _held_out(part: str, sidecar: dict) -> str:
@@ -455,11 +465,12 @@ def _prepare_part(part, bb, spec, device, out, search, force, sources, small, qu
         probe = _spec(part).probe
         status.fraction[part] = 0.05
         probe_out = run_dir / "probe"
-        probe_s = _run_trainer(module, _argv(part, spec, device, probe_out, run_dir / "probe-run", probe, True,
-                                             small, sources, quiet), quiet)
-        units = plan_units(part, probe, probe_s, seconds, small)
+        cold_s, warm_s = (_run_trainer(module, _argv(part, spec, device, probe_out, run_dir / f"probe-run{i}", probe,
+                                                     True, small, sources, quiet), quiet) for i in (0, 1))
+        units = plan_units(part, probe, cold_s, warm_s, seconds, small)
         plan = {"fingerprint": bb.fingerprint, "budget_min": budget_min, "budget_s": round(seconds, 1), "probe_units": list(probe),
-                "probe_s": round(probe_s, 2), "units": list(units), "small_mapper": small, "device": device}
+                "probe_s": round(cold_s + warm_s, 2), "probe_cold_s": round(cold_s, 2), "probe_warm_s": round(warm_s, 2),
+                "units": list(units), "small_mapper": small, "device": device}
 
         atomic_write_text(plan_file, json.dumps(plan))
     status.fraction[part] = 0.2

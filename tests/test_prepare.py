@@ -66,6 +66,9 @@ def test_prepare_tiny_small_budget_writes_found_checkpoints(empty_checkpoints, c
         side = json.loads(path.with_suffix(".json").read_text())
         plan = side["prepare"]
         assert plan["source"] == "trained" and plan["probe_s"] > 0 and plan["budget_s"] > 0
+        # both probes ran and were measured: the first pays the set's one-time costs, the second plans the run
+        assert plan["probe_cold_s"] > 0 and plan["probe_warm_s"] > 0
+        assert plan["probe_s"] == pytest.approx(plan["probe_cold_s"] + plan["probe_warm_s"], abs=0.02)
         assert min(plan["units"].values()) >= 1
         assert f"| {part} | trained | {path.name} |" in printed
     # a second run finds them and trains nothing
@@ -110,3 +113,44 @@ def test_a_part_whose_turn_comes_after_the_budget_is_skipped_with_its_command(em
     assert ran == ["lattqe"]
     assert [(r.part, r.source) for r in rows] == [("lattqe", "trained"), ("ics", "skipped")]
     assert "python -m engine prepare --parts ics" in rows[1].error and status.state["ics"] == "failed"
+
+
+def test_the_plan_pays_the_probes_one_time_cost_once_not_per_epoch():
+    """What `prepare --backbone packaged:lite0+definitions --budget-min 65` measured: RTIC's cold probe took
+    288 s, nearly all of it embedding the set once, and an epoch then took seconds; planned from the cold probe
+    the run got 2 epochs of its 1,228 s share. From the warm probe it gets the shipped recipe's 30."""
+    from engine.prepare import RTIC_MAX_EPOCHS, SAFETY, plan_units
+
+    share = 1228.0
+    assert plan_units("rtic", (1,), 288.0, 288.0, share, True) == (2,)  # no one-time cost: an epoch is 288 s
+    assert plan_units("rtic", (1,), 288.0, 40.0, share, True) == (int(SAFETY * (share - 328.0) / 40.0),)
+    assert plan_units("rtic", (1,), 288.0, 6.0, share, True) == (RTIC_MAX_EPOCHS,)
+    # Context-I2W's probe embeds only its 128 pairs' images: every further pair may cost that again, once
+    cold, warm, share = 22.4, 3.0, 1701.0
+    pairs, epochs = plan_units("context-i2w", (128, 1), cold, warm, share, True)
+    once, per_pair, left = (cold - warm) / 128, warm / 128, SAFETY * (share - cold - warm)
+    assert pairs == 4096 and epochs >= 2
+    assert pairs * once + epochs * pairs * per_pair <= left < pairs * once + (epochs + 1) * pairs * per_pair
+
+
+def test_prepare_trains_rtic_with_the_shipped_rtic_recipe():
+    """`prepare` on the offline set trains RTIC as the shipped checkpoint was trained (docs/rtic.md): the same
+    optimiser, rate, batch, targets, cosine term, tone edits and open-vocabulary operations; only the epochs are
+    planned, up to the shipped number."""
+    from pathlib import Path
+
+    from engine.prepare import RTIC_MAX_EPOCHS, _argv, data_needs
+    from engine.train.rtic.cli import _parser
+
+    sidecar = Path(__file__).resolve().parents[1] / "assets" / "checkpoints" / (
+        "rtic-packaged-efficientnet-lite0-all-minilm-l6-v2.json")
+    shipped = json.loads(sidecar.read_text())
+    recipe = shipped["recipe"]
+    a = _parser().parse_args(_argv("rtic", "tiny", "cpu", Path("o"), Path("r"), (RTIC_MAX_EPOCHS,), False, True, {},
+                                   True))
+    assert (a.optimizer, a.lr, a.batch_size, a.cos_weight, a.epochs, a.loss, a.margin) == (
+        recipe["optimizer"], recipe["lr"], recipe["batch_size"], recipe["cos_weight"], recipe["epochs"],
+        recipe["loss"], recipe["margin"])
+    assert a.open_vocab and shipped["open_vocab"] and a.tone_edits and shipped["tone_edits"]
+    assert a.max_targets == 1 and a.data == shipped["data"] == "cir"
+    assert "open_vocab" in data_needs("rtic")  # built before the clock's training share, like the other sets
