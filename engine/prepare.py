@@ -9,7 +9,8 @@ cache, searched after ``CIS_CHECKPOINTS``).
 Budget planning: the total ``--budget-min`` is shared between the parts (Context-I2W 45 %, RTIC 20 %,
 LAttQE 20 %, ICS 15 %, re-shared when fewer parts run). Each trainer first runs a short probe (one epoch on a
 small slice) twice: the first pays what the data costs once (embedding its images), the second's wall time gives
-the cost per training unit (pair-epoch, triplet-epoch, query, item epoch); the run then gets as many units as fit its share after the probe, with at least one epoch. On a short
+the cost per training unit (pair-epoch, triplet-epoch, query, item epoch); the run then gets as many units as fit
+its share after both probes, with at least one epoch. On a short
 budget without CUDA the Context-I2W mapper is the small configuration. The plan and the measured costs are
 written into the checkpoint's ``.json`` sidecar under ``"prepare"``. The plan is an estimate (the load of a
 shared machine changes); the limit is enforced by :mod:`engine.train.budget`: a part's trainer ends at the

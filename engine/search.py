@@ -25,7 +25,7 @@ from .config import MAX_K, Settings
 from .defaults import engine_defaults
 from .errors import CheckpointError, EngineError, InputError
 from .expand import EXPANDERS, Expander, ExpanderUnavailable
-from .expand.base import Expansion, expand_query
+from .expand.base import Expansion, expand_query, expander_reads_text
 from .images import DEFAULT_MAX_BYTES, REFERENCE_SIDE, decode_limits, load_image, read_bytes
 from .index.store import GalleryIndex
 from .share import ReferenceStore
@@ -182,7 +182,7 @@ class SearchEngine:
         this backbone, and, for one that serves composed queries alone, without scoring below no expansion there
         (engine.defaults.EngineDefaults.offers); the CLI and the APIs still accept every one."""
         return [n for n in self.expanders
-                if self.defaults.offers(n, composed_only=getattr(self.expanders[n], "reads_text", False))]
+                if self.defaults.offers(n, composed_only=expander_reads_text(self.expanders[n]))]
 
     @property
     def default_method(self) -> str:
@@ -397,7 +397,7 @@ def _text_vector(engine: SearchEngine, expand: str, query: Query) -> Optional[np
     """The (D,) embedding of the query's modification text for an expander that reads it (text-conditioned
     LAttQE), encoded once per query (the composer's encoding when it made one); None for the others and for a
     query without a text."""
-    if not getattr(engine.expanders[expand], "reads_text", False) or not query.text:
+    if not expander_reads_text(engine.expanders[expand]) or not query.text:
         return None
     emb, _ = encoded_text(engine.backbone, query)
     return emb.detach().float().cpu().numpy().astype(np.float32).reshape(-1)

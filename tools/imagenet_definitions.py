@@ -21,6 +21,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from engine.fileio import atomic_write_text  # noqa: E402  (the project root is on the path only from here)
+
 HEADER = ("# ImageNet-1k classes in the classifier's order: index<TAB>WordNet id<TAB>WordNet 3.0 definition.\n"
           "# Definitions: WordNet 3.0, Copyright 2006 by Princeton University (licence: LICENSE beside this file),\n"
           "# as shipped in timm's package data (timm/data/_info, Apache-2.0). Written by tools/imagenet_definitions.py.\n")
@@ -48,9 +50,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(".tmp")
-    tmp.write_text(HEADER + "".join(f"{i}\t{w}\t{g}\n" for i, w, g in rows()), encoding="utf-8")
-    tmp.replace(out)
+    atomic_write_text(out, HEADER + "".join(f"{i}\t{w}\t{g}\n" for i, w, g in rows()))
     print(f"wrote {out} (1000 classes)")
     return 0
 

@@ -22,7 +22,7 @@ from ..config import Settings
 from ..data.features import embed_paths
 from ..data.formats import image_path, load_split
 from ..expand import EXPANDERS, ExpanderUnavailable
-from ..expand.base import expand_query
+from ..expand.base import expand_query, expander_reads_text
 from ..images import load_image
 from ..index import hubs
 from .metrics import first_hit_ranks, recall_from_ranks
@@ -107,7 +107,7 @@ def query_texts(backbone, queries, batch: int = 256) -> np.ndarray:
 
 def reads_text(expanders: Optional[dict]) -> bool:
     """Whether any of ``expanders`` reads the query's modification text (then :func:`query_texts` is needed)."""
-    return any(getattr(e, "reads_text", False) for e in (expanders or {}).values())
+    return any(expander_reads_text(e) for e in (expanders or {}).values())
 
 
 def rank_queries(qvecs: np.ndarray, queries, gallery, gemb, pos, expanders: Optional[dict] = None,

@@ -7,6 +7,7 @@ from typing import Callable
 import numpy as np
 
 from ..compose.auto import overall_of_ranks
+from ..expand.base import expander_reads_text
 
 
 def texts_of(ev: dict, expander=None) -> dict:
@@ -14,7 +15,7 @@ def texts_of(ev: dict, expander=None) -> dict:
     ``expander`` is given and does not read the text), so a text-conditioned expander is measured with the queries'
     texts as the page runs it. An evaluation may hold them as a function that encodes them (``evaluate``): they
     are encoded on the first call that needs them and kept."""
-    if expander is not None and not getattr(expander, "reads_text", False):
+    if expander is not None and not expander_reads_text(expander):
         return {}
     texts = ev.get("texts")
     if callable(texts):

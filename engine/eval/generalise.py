@@ -22,7 +22,6 @@ with 95 % bootstrap intervals (1,000 resamples of the queries); the reference is
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import time
 from dataclasses import dataclass, field
@@ -262,7 +261,7 @@ def evaluate(backbone, settings: Settings, side: str, composers: Optional[dict] 
     qv = compose_queries(backbone, composers, suite.queries, ref_emb, ref_paths=ref_paths, trusts=trusts)
     kinds = np.array([q["kind"] for q in suite.queries])
     # what a text-conditioned expander (lattqe-text) reads: encoded only when one is ranked (texts_of)
-    ev_texts: dict = {"texts": functools.cache(lambda: query_texts(backbone, suite.queries))}
+    ev_texts: dict = {"texts": lambda: query_texts(backbone, suite.queries)}
     d = defaults or engine_defaults(backbone, settings)
     density = group_density(gallery, gemb)
     results, plain = {}, {}

@@ -34,11 +34,17 @@ class Expander(ABC):
         reads the text (text-conditioned LAttQE) uses it; the others ignore it."""
 
 
+def expander_reads_text(expander) -> bool:
+    """Whether ``expander`` reads the query's modification text (``reads_text``; a plugin that does not subclass
+    :class:`Expander` and has no such attribute does not)."""
+    return bool(getattr(expander, "reads_text", False))
+
+
 def expand_query(expander, query: np.ndarray, neighbours: np.ndarray, sims: np.ndarray, text=None) -> Expansion:
     """``expander.expand`` with the modification text's embedding handed only to an expander that reads it
     (``reads_text``): one written to the three-argument ``expand(query, neighbours, sims)`` keeps working. The one
     call the search and the evaluations make."""
-    if getattr(expander, "reads_text", False):
+    if expander_reads_text(expander):
         return expander.expand(query, neighbours, sims, text=text)
     return expander.expand(query, neighbours, sims)
 
