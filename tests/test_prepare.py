@@ -31,7 +31,8 @@ def empty_cache(tmp_path, monkeypatch):
 def test_prepare_one_composer_alone_on_an_empty_cache_builds_what_it_needs(part, empty_checkpoints, empty_cache,
                                                                            capsys):
     """A Space that prepares only one part, on a fresh machine: prepare builds every offline set that part
-    (its trainer, its anchor fit, the defaults step) reads, trains it, and ends near its budget."""
+    (its trainer, its anchor fit, the defaults step) reads, trains it within its budget with a measured plan,
+    writes a checkpoint the search finds, and a second run finds it instead of training again."""
     from engine.backbones import create_backbone
     from engine.data.builders import is_built
     from engine.prepare import data_needed, data_needs
@@ -45,35 +46,19 @@ def test_prepare_one_composer_alone_on_an_empty_cache_builds_what_it_needs(part,
     printed = capsys.readouterr().out
     assert rc == 0, printed
     assert all(is_built(n) for n in data_needed([part], {}))
-    assert find_existing(part, create_backbone("tiny", "cpu"), str(out)) is not None
-    assert f"| {part} | trained |" in printed
     # the steps that read the suite ran or were skipped with the command that runs them: never a failure
     assert "failed" not in printed
-
-
-def test_prepare_tiny_small_budget_writes_found_checkpoints(empty_checkpoints, capsys):
-    from engine.backbones import create_backbone
-
-    out = empty_checkpoints / "prepared"
-    rc = main(["--backbone", "tiny", "--out", str(out), "--parts", "rtic", "--budget-min", "1",
-               "--force", "--quiet"], _settings(empty_checkpoints))
-    printed = capsys.readouterr().out
-    assert rc == 0, printed
-    bb = create_backbone("tiny", "cpu")
-    for part in ("rtic",):
-        path = find_existing(part, bb, str(out))
-        assert path is not None and path.parent == out
-        side = json.loads(path.with_suffix(".json").read_text())
-        plan = side["prepare"]
-        assert plan["source"] == "trained" and plan["probe_s"] > 0 and plan["budget_s"] > 0
-        # both probes ran and were measured: the first pays the set's one-time costs, the second plans the run
-        assert plan["probe_cold_s"] > 0 and plan["probe_warm_s"] > 0
-        assert plan["probe_s"] == pytest.approx(plan["probe_cold_s"] + plan["probe_warm_s"], abs=0.02)
-        assert min(plan["units"].values()) >= 1
-        assert f"| {part} | trained | {path.name} |" in printed
-    # a second run finds them and trains nothing
-    rows = prepare("tiny", out, ["rtic"], budget_min=1.0, quiet=True, settings=_settings(empty_checkpoints))
-    assert rows[0].part == "rtic" and rows[0].source == "existing"
+    path = find_existing(part, create_backbone("tiny", "cpu"), str(out))
+    assert path is not None and path.parent == out and f"| {part} | trained | {path.name} |" in printed
+    plan = json.loads(path.with_suffix(".json").read_text())["prepare"]
+    assert plan["source"] == "trained" and plan["probe_s"] > 0 and plan["budget_s"] > 0
+    # both probes ran and were measured: the first pays the set's one-time costs, the second plans the run
+    assert plan["probe_cold_s"] > 0 and plan["probe_warm_s"] > 0
+    assert plan["probe_s"] == pytest.approx(plan["probe_cold_s"] + plan["probe_warm_s"], abs=0.02)
+    assert min(plan["units"].values()) >= 1
+    # a second run finds it and trains nothing
+    rows = prepare("tiny", out, [part], budget_min=1.0, quiet=True, settings=_settings(empty_checkpoints))
+    assert rows[0].part == part and rows[0].source == "existing"
 
 
 def test_prepare_refuses_bad_input_before_work(empty_checkpoints):

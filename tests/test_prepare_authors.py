@@ -23,14 +23,17 @@ def served(tmp_path):
     server.server_close()
 
 
-def test_authors_checkpoint_over_http_converts_and_wrong_sha_is_refused(tmp_path, monkeypatch, served, tiny):
+def test_authors_checkpoint_over_http_converts_and_wrong_sha_is_refused(tmp_path, served, tiny, capsys):
     from engine.compose.context_i2w import load_context_i2w
     from engine.errors import InputError
-    from engine.config import Settings
+    from engine.config import Settings, cache_dir
     from engine.prepare import main
 
     root, base = served
-    monkeypatch.setenv("CIS_CACHE_DIR", str(tmp_path / "cache"))
+    # the session's cache (the suite's sets and edits built once for every test that reads them); what this
+    # test checks there is that a refused download leaves nothing behind
+    downloads = cache_dir() / "downloads"
+    before = set(downloads.iterdir()) if downloads.is_dir() else set()
     s = Settings(checkpoints=str(tmp_path / "empty"), checkpoints_given=str(tmp_path / "empty"))  # no env patch
     # their key names and shapes at the tiny backbone's sizes (one extractor layer, 8 heads x 64)
     sd = _authors_state(C=tiny.embed_dim, W=tiny.vision_width, OUT=tiny.token_dim, MID=48, depth=1)
@@ -42,12 +45,18 @@ def test_authors_checkpoint_over_http_converts_and_wrong_sha_is_refused(tmp_path
         main(["--backbone", "tiny", "--out", str(bad_out), "--parts", "context-i2w", "--quiet",
               "--context-i2w-checkpoint", f"{base}/ci2w.pt", "--sha256", "0" * 64], s)
     assert not bad_out.exists()
-    downloads = tmp_path / "cache" / "downloads"
-    assert not downloads.exists() or not any(downloads.iterdir())
+    assert (set(downloads.iterdir()) if downloads.is_dir() else set()) == before
 
     out = tmp_path / "out"
-    assert main(["--backbone", "tiny", "--out", str(out), "--parts", "context-i2w", "--quiet",
+    capsys.readouterr()
+    # a one-minute budget: the conversion runs whatever the budget (the first part always does), and the defaults
+    # step after it, which evaluates the whole validation suite with every expander's grid (minutes), is left for
+    # later with the command that runs it
+    assert main(["--backbone", "tiny", "--out", str(out), "--parts", "context-i2w", "--quiet", "--budget-min", "1",
                  "--context-i2w-checkpoint", f"{base}/ci2w.pt", "--sha256", sha], s) == 0
+    printed = capsys.readouterr().out
+    assert "| context-i2w | converted |" in printed and "| defaults | skipped |" in printed, printed
+    assert "python -m engine eval generalise --side val --choose" in printed
     (path,) = out.glob("context_i2w-*.safetensors")
     mapper, record = load_context_i2w(path, tiny.fingerprint)
     g = torch.Generator().manual_seed(2)
