@@ -230,6 +230,20 @@ def test_first_hit_ranks_ties_and_reference_removal_by_hand():
     assert recall_from_ranks(ranks, (1, 3)) == {"R@1": 0.0, "R@3": pytest.approx(200 / 3)}
 
 
+def test_one_query_first_hit_rank_equals_the_batched_one_ties_included():
+    """The per-query rank the suite's and the CIR ranking use (engine.eval.cir.rank_queries) is the batched
+    core's, row by row: scores drawn from a few values so ties are common, float32 like the embeddings."""
+    from engine.eval.metrics import first_hit_rank, first_hit_ranks
+
+    rng = np.random.default_rng(0)
+    scores = rng.integers(0, 6, (300, 40)).astype(np.float32) / 5
+    positive = rng.random((300, 40)) < 0.05
+    batched = first_hit_ranks(scores, positive)
+    assert np.isinf(batched).any() and (batched > 0).any()  # both cases occur
+    assert [first_hit_rank(s, p) for s, p in zip(scores, positive)] == batched.tolist()
+    assert first_hit_rank(np.array([0.5, 0.9, 0.5], np.float32), np.array([0, 0, 1], bool)) == 2.0
+
+
 def test_average_precision_exclusion_and_empty_queries_by_hand():
     from engine.eval.metrics import average_precisions, map_at_n, mean_average_precision
 

@@ -25,7 +25,7 @@ from ..expand import EXPANDERS, ExpanderUnavailable
 from ..expand.base import expand_query, expander_reads_text
 from ..images import load_image
 from ..index import hubs
-from .metrics import first_hit_ranks, recall_from_ranks
+from .metrics import first_hit_rank, first_hit_ranks, recall_from_ranks
 
 KS = (1, 5, 10, 50)
 
@@ -112,9 +112,11 @@ def reads_text(expanders: Optional[dict]) -> bool:
 
 def rank_queries(qvecs: np.ndarray, queries, gallery, gemb, pos, expanders: Optional[dict] = None,
                  nqe=8, restrict: Optional[np.ndarray] = None, floor=None, density: Optional[np.ndarray] = None,
-                 hub: float = 0.0, texts: Optional[np.ndarray] = None) -> Dict[str, np.ndarray]:
-    """{expander name: best target rank per query (1-based)}; 'none' is the plain ranking; ``texts`` (Q, D): the
-    queries' modification-text embeddings, handed to the expanders (only text-conditioned LAttQE reads them).
+                 hub: float = 0.0, texts: Optional[np.ndarray] = None, plain: bool = True) -> Dict[str, np.ndarray]:
+    """{expander name: best target rank per query (1-based)}; 'none' is the plain ranking (left out with
+    ``plain=False`` when expanders are given: a grid over an expander's settings needs only the expanded ranks);
+    ``texts`` (Q, D): the queries' modification-text embeddings, handed to the expanders (only text-conditioned
+    LAttQE reads them).
 
     ``nqe``: the neighbours each expander averages, an int or ``nqe(expander name, candidates) -> int`` (the
     page defaults: ``EngineDefaults.gallery_nqe``); ``floor(expander name) -> float``: only neighbours at least
@@ -124,28 +126,39 @@ def rank_queries(qvecs: np.ndarray, queries, gallery, gemb, pos, expanders: Opti
     Hamming short-list); the others rank last. ``density`` (G,) and ``hub``: the hub correction the page applies
     (``engine.index.hubs``): every score less ``hub * density`` of its item."""
     groups = np.array([g["gallery"] for g in gallery])
-    ranks = {name: np.zeros(len(queries), np.int64) for name in ["none", *(expanders or {})]}
+    members: Dict[str, np.ndarray] = {}  # gallery group -> its rows, found once per group, not once per query
+    names = ["none", *(expanders or {})] if plain or not expanders else list(expanders)
+    ranks = {name: np.zeros(len(queries), np.int64) for name in names}
+    target_rows = np.zeros(len(gallery), bool)  # one query's targets at a time (set, read, cleared)
     for qi, q in enumerate(queries):
-        cand = np.flatnonzero(groups == q["gallery"])
+        if q["gallery"] not in members:
+            members[q["gallery"]] = np.flatnonzero(groups == q["gallery"])
+        cand = members[q["gallery"]]
         cand = cand[cand != pos[q["reference"]]]
-        targets = {pos[t] for t in q["targets"]}
+        targets = [pos[t] for t in q["targets"]]
+        target_rows[targets] = True
+        is_target = target_rows[cand]
+        target_rows[targets] = False
         vecs = gemb[cand]
         first = vecs @ qvecs[qi]
         penalty = hubs.penalty(first, density[cand], hub) if hub and density is not None else 0.0
         first = first - penalty
         if restrict is not None:
             first = np.where(np.isin(cand, restrict[qi]), first, -np.inf)
+        order_all = None
         for name in ranks:
             s = first
             if name != "none":
                 k = nqe(name, len(cand)) if callable(nqe) else nqe
-                order = np.argsort(-first, kind="stable")[:k]
+                if order_all is None:
+                    order_all = np.argsort(-first, kind="stable")
+                order = order_all[:k]
                 if floor is not None:
                     order = order[first[order] >= floor(name)]
                 if len(order):
                     s = vecs @ expand_query(expanders[name], qvecs[qi], vecs[order], first[order],
                                             None if texts is None else texts[qi]).vector - penalty
-            r = first_hit_ranks(s[None], np.isin(cand, list(targets))[None])[0]
+            r = first_hit_rank(s, is_target)
             ranks[name][qi] = int(r) + 1 if np.isfinite(r) else len(cand) + 1
     return ranks
 

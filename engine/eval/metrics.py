@@ -180,6 +180,16 @@ def first_hit_ranks(scores: np.ndarray, positive: np.ndarray, exclude: Optional[
     return out
 
 
+def first_hit_rank(scores: np.ndarray, positive: np.ndarray) -> float:
+    """:func:`first_hit_ranks` of one query without exclusions ((G,) scores and positives), without building
+    (1, G) arrays: the 0-based rank of its best-ranked positive, ties in gallery order, ``inf`` without one."""
+    if not positive.any():
+        return np.inf
+    t = int(np.argmax(np.where(positive, scores, -np.inf)))
+    s_t = scores[t]
+    return float(np.count_nonzero(scores > s_t) + np.count_nonzero(scores[:t] == s_t))
+
+
 def recall_from_ranks(ranks: np.ndarray, ks: Sequence[int], prefix: str = "R@") -> Dict[str, float]:
     """Recall@K in percent: share of queries whose target rank is < K."""
     ranks = np.asarray(ranks, dtype=float)
