@@ -2,6 +2,7 @@
 import functools
 import hashlib
 import http.server
+import json
 import threading
 
 import pytest
@@ -49,14 +50,19 @@ def test_authors_checkpoint_over_http_converts_and_wrong_sha_is_refused(tmp_path
 
     out = tmp_path / "out"
     capsys.readouterr()
-    # a one-minute budget: the conversion runs whatever the budget (the first part always does), and the defaults
-    # step after it, which evaluates the whole validation suite with every expander's grid (minutes), is left for
-    # later with the command that runs it
-    assert main(["--backbone", "tiny", "--out", str(out), "--parts", "context-i2w", "--quiet", "--budget-min", "1",
+    assert main(["--backbone", "tiny", "--out", str(out), "--parts", "context-i2w", "--quiet",
                  "--context-i2w-checkpoint", f"{base}/ci2w.pt", "--sha256", sha], s) == 0
     printed = capsys.readouterr().out
-    assert "| context-i2w | converted |" in printed and "| defaults | skipped |" in printed, printed
-    assert "python -m engine eval generalise --side val --choose" in printed
+    # after the conversion, the defaults step chose on the suite's validation side (every expander's grid
+    # included) and wrote the record the search reads for this backbone
+    assert "| context-i2w | converted |" in printed and "| defaults | chosen |" in printed, printed
+    from engine.compose import COMPOSERS
+    from engine.defaults import engine_defaults
+
+    found = engine_defaults(tiny, Settings(checkpoints=str(out), checkpoints_given=str(out)))
+    assert found.source and (out / found.source).is_file() and found.method in {*COMPOSERS, "auto"} - {"image"}
+    chosen = json.loads((out / found.source).read_text())
+    assert chosen["split"] == "val" and chosen["grid_worst_r10_change"] and set(chosen["nqe"]) == set(chosen["floor"])
     (path,) = out.glob("context_i2w-*.safetensors")
     mapper, record = load_context_i2w(path, tiny.fingerprint)
     g = torch.Generator().manual_seed(2)
@@ -66,7 +72,5 @@ def test_authors_checkpoint_over_http_converts_and_wrong_sha_is_refused(tmp_path
     with torch.no_grad():
         ours = mapper(c, x).double()
     assert torch.allclose(ours, ref, atol=1e-4, rtol=1e-4), (ours - ref).abs().max()
-    import json
-
     side = json.loads(path.with_suffix(".json").read_text())
     assert side["prepare"]["source"] == "converted" and side["prepare"]["sha256"] == sha
