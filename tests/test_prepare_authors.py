@@ -50,19 +50,14 @@ def test_authors_checkpoint_over_http_converts_and_wrong_sha_is_refused(tmp_path
 
     out = tmp_path / "out"
     capsys.readouterr()
-    assert main(["--backbone", "tiny", "--out", str(out), "--parts", "context-i2w", "--quiet",
+    # a one-minute budget: the conversion runs whatever the budget (the first part always does); the defaults
+    # step after it (the whole validation suite with every expander's grid, about two minutes on tiny) is left for
+    # later with the command that runs it, which keeps the suite's time down
+    assert main(["--backbone", "tiny", "--out", str(out), "--parts", "context-i2w", "--quiet", "--budget-min", "1",
                  "--context-i2w-checkpoint", f"{base}/ci2w.pt", "--sha256", sha], s) == 0
     printed = capsys.readouterr().out
-    # after the conversion, the defaults step chose on the suite's validation side (every expander's grid
-    # included) and wrote the record the search reads for this backbone
-    assert "| context-i2w | converted |" in printed and "| defaults | chosen |" in printed, printed
-    from engine.compose import COMPOSERS
-    from engine.defaults import engine_defaults
-
-    found = engine_defaults(tiny, Settings(checkpoints=str(out), checkpoints_given=str(out)))
-    assert found.source and (out / found.source).is_file() and found.method in {*COMPOSERS, "auto"} - {"image"}
-    chosen = json.loads((out / found.source).read_text())
-    assert chosen["split"] == "val" and chosen["grid_worst_r10_change"] and set(chosen["nqe"]) == set(chosen["floor"])
+    assert "| context-i2w | converted |" in printed and "| defaults | skipped |" in printed, printed
+    assert "python -m engine eval generalise --side val --choose" in printed
     (path,) = out.glob("context_i2w-*.safetensors")
     mapper, record = load_context_i2w(path, tiny.fingerprint)
     g = torch.Generator().manual_seed(2)
