@@ -51,6 +51,7 @@ from .cir import (available_expanders, cir_composers, compose_queries, group_den
 from .expander_offer import overall_change, queries_changed, texts_of
 from .generalise_open import open_queries
 from .hubness import hubness
+from .metrics import recall_from_ranks
 
 SIDES = ("val", "test")
 SEED = 0
@@ -383,9 +384,10 @@ def choose(backbone, settings: Settings, ev: dict, expander_grid: bool = True) -
         rows = {}
         for value in NQE_GRID:
             for fl in FLOOR_GRID:
-                # all queries' R@10 as summarise() gives it, without the bootstrap intervals the grid does not read
-                worst = min(float((rank_suite(v, suite, gallery, gemb, pos, ex, value, NQE_FRACTION, fl,
-                                              **texts_of(ev, ex)) <= 10).mean() * 100.0) - base[n]
+                # all queries' R@10 from the evaluation core (0-based ranks), without the bootstrap intervals
+                # summarise() would draw and the grid does not read
+                worst = min(recall_from_ranks(rank_suite(v, suite, gallery, gemb, pos, ex, value, NQE_FRACTION, fl,
+                                                         **texts_of(ev, ex)) - 1, (10,))["R@10"] - base[n]
                             for n, v in ev["vectors"].items())
                 rows[(value, fl)] = round(worst, 2)
         grid[ex_name] = {f"nqe {v}, floor {fl:g}": w for (v, fl), w in rows.items()}
