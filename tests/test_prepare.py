@@ -120,7 +120,7 @@ def test_the_plan_pays_the_probes_one_time_cost_once_not_per_epoch():
 
 def test_prepare_trains_rtic_with_the_shipped_rtic_recipe():
     """`prepare` on the offline set trains RTIC as the shipped checkpoint was trained (docs/rtic.md): the same
-    optimiser, rate, batch, targets, cosine term, tone edits and open-vocabulary operations; only the epochs are
+    optimiser, rate, batch and its grouping, targets, cosine term, tone edits and open-vocabulary operations; only the epochs are
     planned, up to the shipped number."""
     from pathlib import Path
 
@@ -133,9 +133,9 @@ def test_prepare_trains_rtic_with_the_shipped_rtic_recipe():
     recipe = shipped["recipe"]
     a = _parser().parse_args(_argv("rtic", "tiny", "cpu", Path("o"), Path("r"), (RTIC_MAX_EPOCHS,), False, True, {},
                                    True))
-    assert (a.optimizer, a.lr, a.batch_size, a.cos_weight, a.epochs, a.loss, a.margin) == (
+    assert (a.optimizer, a.lr, a.batch_size, a.cos_weight, a.epochs, a.loss, a.margin, a.group_by_reference) == (
         recipe["optimizer"], recipe["lr"], recipe["batch_size"], recipe["cos_weight"], recipe["epochs"],
-        recipe["loss"], recipe["margin"])
+        recipe["loss"], recipe["margin"], recipe.get("group_by_reference", False))
     assert a.open_vocab and shipped["open_vocab"] and a.tone_edits and shipped["tone_edits"]
     assert a.max_targets == 1 and a.data == shipped["data"] == "cir"
     assert "open_vocab" in data_needs("rtic")  # built before the clock's training share, like the other sets

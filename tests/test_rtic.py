@@ -38,6 +38,7 @@ from engine.train.rtic import (
     dml_loss,
     evaluate_rtic,
     fit,
+    grouped_permutation,
     main,
     negatives_mask,
     pair_loss,
@@ -354,9 +355,10 @@ def test_triplet_loss_option_and_sgd_schedule():
     assert not model.training  # left in eval mode
 
 
-def test_resume_continues_exactly(tmp_path):
+@pytest.mark.parametrize("grouped", [False, True])
+def test_resume_continues_exactly(tmp_path, grouped):
     train, _ = _small_synthetic()
-    cfg = TrainConfig(epochs=3, batch_size=32)
+    cfg = TrainConfig(epochs=3, batch_size=32, group_by_reference=grouped)
     torch.manual_seed(0)
     straight = RTIC(RTICConfig(dim=16))
     start_state = {k: v.clone() for k, v in straight.state_dict().items()}
@@ -364,13 +366,29 @@ def test_resume_continues_exactly(tmp_path):
     part = RTIC(RTICConfig(dim=16))
     part.load_state_dict(start_state)
     state = tmp_path / "state.pt"
-    fit(part, train, TrainConfig(epochs=1, batch_size=32), state_path=state, fingerprint="fp", progress=False)
+    fit(part, train, TrainConfig(epochs=1, batch_size=32, group_by_reference=grouped), state_path=state,
+        fingerprint="fp", progress=False)
     resumed = RTIC(RTICConfig(dim=16))
     h_resumed = fit(resumed, train, cfg, state_path=state, resume=True, fingerprint="fp", progress=False)
     assert len(h_resumed) == 3
     assert [h["loss"] for h in h_resumed] == pytest.approx([h["loss"] for h in h_straight], rel=1e-5)
     with pytest.raises(CheckpointError, match="state.pt"):
         fit(RTIC(RTICConfig(dim=16)), train, cfg, state_path=state, resume=True, fingerprint="other", progress=False)
+
+
+def test_grouped_permutation_keeps_each_reference_together_in_a_random_order():
+    """--group-by-reference: every row once, the rows of one reference image adjacent (so a batch holds that
+    photo's other edits as negatives), references and rows shuffled by the generator, the same for one seed."""
+    ref = torch.tensor([3, 1, 3, 2, 1, 3, 0, 2, 2, 1, 0, 3])
+    perm = grouped_permutation(ref, torch.Generator().manual_seed(0))
+    assert sorted(perm.tolist()) == list(range(len(ref)))
+    runs = [int(r) for i, r in enumerate(ref[perm]) if i == 0 or r != ref[perm][i - 1]]
+    assert sorted(runs) == [0, 1, 2, 3]  # each reference one run of adjacent rows
+    again = grouped_permutation(ref, torch.Generator().manual_seed(0))
+    assert torch.equal(perm, again)
+    orders = {tuple(grouped_permutation(ref, torch.Generator().manual_seed(s)).tolist()) for s in range(20)}
+    assert len(orders) > 10
+    assert {tuple(ref[torch.tensor(o)].unique_consecutive().tolist()) for o in orders} != {(0, 1, 2, 3)}
 
 
 def test_evaluate_rtic_on_a_hand_case():

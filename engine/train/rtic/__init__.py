@@ -29,11 +29,11 @@ command; checkpoints through :func:`engine.compose.rtic.save_rtic`).
 """
 from .cli import main
 from .data import load_triplets, split_by_reference_group, synthetic_triplets, tone_set
-from .loop import fit, train_rtic
+from .loop import fit, grouped_permutation, train_rtic
 from .model import (TrainConfig, batch_hard_triplet_loss, compose_all, dml_loss, make_optimizer, negatives_mask,
                     pair_loss)
 from .report import evaluate_by_kind, evaluate_rtic, held_out
 
 __all__ = ["TrainConfig", "batch_hard_triplet_loss", "compose_all", "dml_loss", "evaluate_by_kind", "evaluate_rtic",
-           "fit", "held_out", "load_triplets", "main", "make_optimizer", "negatives_mask", "pair_loss",
+           "fit", "grouped_permutation", "held_out", "load_triplets", "main", "make_optimizer", "negatives_mask", "pair_loss",
            "split_by_reference_group", "synthetic_triplets", "tone_set", "train_rtic"]

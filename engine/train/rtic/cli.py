@@ -79,6 +79,8 @@ def _parser() -> argparse.ArgumentParser:
     for name in ("lr", "weight_decay", "momentum", "step_gamma", "margin", "cos_weight", "gcn_weight", "pair_weight",
                  "density", "p"):
         ap.add_argument("--" + name.replace("_", "-"), type=float, default=getattr(d, name))
+    ap.add_argument("--group-by-reference", action="store_true",
+                    help="batches of whole reference images: a photo's other edits are in its batch as negatives")
     ap.add_argument("--optimizer", default=d.optimizer, choices=["adamw", "sgd"])
     ap.add_argument("--loss", default=d.loss, choices=["dml", "triplet"])
     ap.add_argument("--gcn", action="store_true", help="also train RTIC + GCN stream (stage 2)")

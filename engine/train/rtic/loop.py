@@ -46,6 +46,21 @@ class _Stream:
         return gcn_bce_loss(out, w, self.graph.binary_rows(idx).to(device))
 
 
+def grouped_permutation(ref: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    """A permutation of the rows in which the rows of one reference image are adjacent (references in random
+    order, rows in random order within each), so a batch holds a photo's other edits as its hardest negatives."""
+    rows = torch.randperm(len(ref), generator=gen)
+    refs = ref[rows]
+    uniq, inverse = torch.unique(refs, return_inverse=True)
+    rank = torch.randperm(len(uniq), generator=gen)[inverse]
+    order = torch.argsort(rank, stable=True)
+    return rows[order]
+
+
+def _permutation(data: TripletSet, cfg: TrainConfig, gen: torch.Generator) -> torch.Tensor:
+    return grouped_permutation(data.ref, gen) if cfg.group_by_reference else torch.randperm(len(data), generator=gen)
+
+
 def _batch_losses(model: RTIC, data: TripletSet, idx: torch.Tensor, cfg: TrainConfig, gcn: Optional[_Stream],
                   device) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(total, pair, GCN) losses of one batch of rows ``idx``."""
@@ -141,13 +156,13 @@ def fit(
         history, start = _resume(state_path, fingerprint, desc, model, stream, opt, sched)
     gen = torch.Generator().manual_seed(cfg.seed)
     for _ in range(start):  # keep the shuffling sequence identical after a resume
-        torch.randperm(len(data), generator=gen)
+        _permutation(data, cfg, gen)
     bs = max(2, min(cfg.batch_size, len(data)))
     for epoch in range(start, cfg.epochs):
         model.train()
         if stream is not None:
             stream.train()
-        perm = torch.randperm(len(data), generator=gen)
+        perm = _permutation(data, cfg, gen)
         t0 = time.perf_counter()
         rec = _epoch(model, data, cfg, perm, bs, opt, gcn, device, f"{desc} {epoch + 1}/{cfg.epochs}", progress)
         sched.step()
