@@ -44,6 +44,7 @@ from ..data.open_vocab import load_open_vocab
 from ..data.tone import TONE_TEXTS, offline_cir_photos
 from ..eval.cir import cir_tensors, compose_queries
 from ..eval.generalise import build_suite, suite_tensors
+from ..eval.metrics import recall_from_ranks
 from .context_i2w import load_pairs
 from .router import operation_texts, train_router
 from ..compose.anchor import (
@@ -97,6 +98,7 @@ class FitSet:
 
 
 def kind_scores(ranks: np.ndarray, kinds: np.ndarray) -> Dict[str, float]:
+    """{kind: (R@1 + R@10) / 2} in % from 1-based ranks."""
     out = {}
     for k in sorted(set(kinds.tolist())):
         r = ranks[kinds == k]
@@ -105,7 +107,8 @@ def kind_scores(ranks: np.ndarray, kinds: np.ndarray) -> Dict[str, float]:
 
 
 def r10(ranks: np.ndarray) -> float:
-    return float((ranks <= 10).mean() * 100.0)
+    """R@10 in % from 1-based ranks."""
+    return recall_from_ranks(ranks - 1, (10,))["R@10"]
 
 
 # -- the validation sets ------------------------------------------------------------------------------------
