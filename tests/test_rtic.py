@@ -382,8 +382,7 @@ def test_grouped_permutation_keeps_each_reference_together_in_a_random_order():
     ref = torch.tensor([3, 1, 3, 2, 1, 3, 0, 2, 2, 1, 0, 3])
     perm = grouped_permutation(ref, torch.Generator().manual_seed(0))
     assert sorted(perm.tolist()) == list(range(len(ref)))
-    runs = [int(r) for i, r in enumerate(ref[perm]) if i == 0 or r != ref[perm][i - 1]]
-    assert sorted(runs) == [0, 1, 2, 3]  # each reference one run of adjacent rows
+    assert sorted(ref[perm].unique_consecutive().tolist()) == [0, 1, 2, 3]  # each reference one run of adjacent rows
     again = grouped_permutation(ref, torch.Generator().manual_seed(0))
     assert torch.equal(perm, again)
     orders = {tuple(grouped_permutation(ref, torch.Generator().manual_seed(s)).tolist()) for s in range(20)}
