@@ -71,7 +71,7 @@ CONTEXT_I2W_SMALL_RECIPE = ["--seed", "1", "--lr", "3e-4", "--warmup-steps", "30
 # per reference, the photos' tone edits, the open-vocabulary operation set, the cosine term and batches of whole
 # reference images; the epochs are planned
 RTIC_OFFLINE_RECIPE = ["--optimizer", "sgd", "--lr", "0.01", "--batch-size", "128", "--max-targets", "1",
-                       "--tone-edits", "--open-vocab", "--cos-weight", "0.3", "--group-by-reference"]
+                       "--tone-edits", "--open-vocab", "--cos-weight", "0.3", "--group-by-photo"]
 CONTEXT_I2W_MAX_EPOCHS = 12  # the shipped packaged mapper's epochs (docs/context_i2w.md)
 RTIC_MAX_EPOCHS = 30  # the shipped RTIC's epochs
 LATTQE_SETS = "emoji,photos"

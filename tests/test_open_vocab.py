@@ -4,6 +4,7 @@ test word or template."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -137,6 +138,7 @@ def test_a_built_set_holds_only_its_sides_words_and_templates_and_true_targets(b
                 want = (photo_edit(x, r["edit"]).permute(1, 2, 0).numpy() * 255).round()
                 got = np.asarray(Image.open(root / r["targets"][0]).convert("RGB"), np.float32)
                 assert np.abs(got - want).max() <= 1
+            assert Path(r["reference"]).stem == r["photo"]                      # the photo or an edit of it
             if r["kind"] == "undo":
                 assert r["reference"] == f"edits/{r['edit']}/{r['targets'][0].split('/')[-1]}"
             if r["kind"] == "compose-object":
@@ -147,12 +149,22 @@ def test_a_built_set_holds_only_its_sides_words_and_templates_and_true_targets(b
 
 def test_the_training_hooks_add_the_train_side_and_validate_on_val(built, monkeypatch):
     from engine.train.context_i2w.data import load_pairs
+    from engine.data.cir_triplets import index_triplets
     from engine.train.rtic.data import open_vocab_triplets
 
     monkeypatch.setattr(builders, "ensure_built", lambda *a, **k: None)
     train = open_vocab_triplets("train")
     assert len(train) == built["counts"]["train"]["queries"] and all(t.meta["gallery"] == "open" for t in train)
     assert len(open_vocab_triplets("train", limit=5)) == 5
+    # each row's source photo: the undo rows (from an edited version) share it with the photo's own rows
+    rows = index_triplets(train)[2]
+    photo_of = dict(zip(rows["query"].tolist(), rows["photo"].tolist()))
+    by_photo = {}
+    for qi, t in enumerate(train):
+        by_photo.setdefault(t.meta["photo"], set()).add(photo_of[qi])
+    assert all(len(ids) == 1 for ids in by_photo.values())
+    assert len({i for ids in by_photo.values() for i in ids}) == len(by_photo)
+    assert any(t.meta["kind"] == "undo" for t in train) and len(by_photo) < len({t.reference for t in train})
     val_words = {t.meta["attribute"] for t in open_vocab_triplets("val") if t.meta["kind"] == "colour"}
     assert val_words and not val_words & {t.meta.get("attribute") for t in train}
     pairs = load_pairs("open-vocab", "train")

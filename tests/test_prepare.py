@@ -133,9 +133,10 @@ def test_prepare_trains_rtic_with_the_shipped_rtic_recipe():
     recipe = shipped["recipe"]
     a = _parser().parse_args(_argv("rtic", "tiny", "cpu", Path("o"), Path("r"), (RTIC_MAX_EPOCHS,), False, True, {},
                                    True))
-    assert (a.optimizer, a.lr, a.batch_size, a.cos_weight, a.epochs, a.loss, a.margin, a.group_by_reference) == (
+    assert (a.optimizer, a.lr, a.batch_size, a.cos_weight, a.epochs, a.loss, a.margin, a.group_by_reference,
+            a.group_by_photo) == (
         recipe["optimizer"], recipe["lr"], recipe["batch_size"], recipe["cos_weight"], recipe["epochs"],
-        recipe["loss"], recipe["margin"], recipe["group_by_reference"])
+        recipe["loss"], recipe["margin"], recipe["group_by_reference"], recipe["group_by_photo"])
     assert a.open_vocab and shipped["open_vocab"] and a.tone_edits and shipped["tone_edits"]
     assert a.max_targets == 1 and a.data == shipped["data"] == "cir"
     assert "open_vocab" in data_needs("rtic")  # built before the clock's training share, like the other sets

@@ -23,8 +23,10 @@ from engine.compose.rtic import (
 )
 from engine.data.cir_triplets import (
     LoadReport,
+    Triplet,
     TripletSet,
     embed_triplets,
+    index_triplets,
     join_fashioniq_captions,
     load_cirr,
     load_fashioniq,
@@ -32,6 +34,7 @@ from engine.data.cir_triplets import (
 )
 from engine.errors import CheckpointError, InputError
 from engine.train.gcn_graph import GCNStream, build_graph, gcn_bce_loss, propagate
+from engine.train.rtic.loop import _permutation
 from engine.train.rtic import (
     TrainConfig,
     batch_hard_triplet_loss,
@@ -355,10 +358,13 @@ def test_triplet_loss_option_and_sgd_schedule():
     assert not model.training  # left in eval mode
 
 
-@pytest.mark.parametrize("grouped", [False, True])
+@pytest.mark.parametrize("grouped", ["", "reference", "photo"])
 def test_resume_continues_exactly(tmp_path, grouped):
     train, _ = _small_synthetic()
-    cfg = TrainConfig(epochs=3, batch_size=32, group_by_reference=grouped)
+    if grouped == "photo":  # two references per photo
+        train = TripletSet(train.images, train.texts, train.ref, train.text, train.tgt, train.query, photo=train.ref // 2)
+    groups = {"group_by_reference": grouped == "reference", "group_by_photo": grouped == "photo"}
+    cfg = TrainConfig(epochs=3, batch_size=32, **groups)
     torch.manual_seed(0)
     straight = RTIC(RTICConfig(dim=16))
     start_state = {k: v.clone() for k, v in straight.state_dict().items()}
@@ -366,7 +372,7 @@ def test_resume_continues_exactly(tmp_path, grouped):
     part = RTIC(RTICConfig(dim=16))
     part.load_state_dict(start_state)
     state = tmp_path / "state.pt"
-    fit(part, train, TrainConfig(epochs=1, batch_size=32, group_by_reference=grouped), state_path=state,
+    fit(part, train, TrainConfig(epochs=1, batch_size=32, **groups), state_path=state,
         fingerprint="fp", progress=False)
     resumed = RTIC(RTICConfig(dim=16))
     h_resumed = fit(resumed, train, cfg, state_path=state, resume=True, fingerprint="fp", progress=False)
@@ -388,6 +394,31 @@ def test_grouped_permutation_keeps_each_reference_together_in_a_random_order():
     orders = {tuple(grouped_permutation(ref, torch.Generator().manual_seed(s)).tolist()) for s in range(20)}
     assert len(orders) > 10
     assert {tuple(ref[torch.tensor(o)].unique_consecutive().tolist()) for o in orders} != {(0, 1, 2, 3)}
+
+
+def test_rows_name_their_source_photo_and_photo_batches_keep_it_together():
+    """--group-by-photo: a row's photo is the one its triplet names (an open-vocabulary photo and its edited
+    versions), else its reference image; the epoch order keeps each photo's rows adjacent."""
+    trips = [Triplet("a", "p1.png", "at night", ["p1-night.png"], {"photo": "p1"}),
+             Triplet("b", "p1-night.png", "back to day", ["p1.png"], {"photo": "p1"}),
+             Triplet("c", "p1.png", "a dog instead", ["d1.png", "d2.png"], {"photo": "p1"}),
+             Triplet("d", "p2.png", "in sepia", ["p2-sepia.png"]),
+             Triplet("e", "p2.png", "at night", ["p2-night.png"]),
+             Triplet("f", "p1.png", "in red", ["p1-red.png"])]   # no photo named: its reference stands for it
+    _, _, rows = index_triplets(trips)
+    assert rows["photo"].tolist() == [0, 0, 0, 0, 1, 1, 2]
+    assert rows["ref"].tolist() == [0, 1, 0, 0, 4, 4, 0]
+    data = TripletSet(torch.eye(12), torch.eye(6), rows["ref"], rows["text"], rows["tgt"], rows["query"],
+                      photo=rows["photo"])
+    assert data.subset(torch.tensor([6, 1])).photos.tolist() == [2, 0]
+    plain = TripletSet(data.images, data.texts, data.ref, data.text, data.tgt, data.query)
+    assert torch.equal(plain.photos, plain.ref) and plain.subset(torch.tensor([4])).photo is None
+    for seed in range(10):
+        perm = _permutation(data, TrainConfig(group_by_photo=True), torch.Generator().manual_seed(seed))
+        assert sorted(perm.tolist()) == list(range(7))
+        assert sorted(data.photos[perm].unique_consecutive().tolist()) == [0, 1, 2]
+    by_ref = [_permutation(data, TrainConfig(group_by_reference=True), torch.Generator().manual_seed(s)) for s in range(30)]
+    assert any(len(data.photos[p].unique_consecutive()) > 3 for p in by_ref)  # references alone split photo 0
 
 
 def test_evaluate_rtic_on_a_hand_case():

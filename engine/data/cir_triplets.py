@@ -230,9 +230,16 @@ class TripletSet:
     image_keys: List[str] = field(default_factory=list)
     text_list: List[str] = field(default_factory=list)
     gallery: Optional[torch.Tensor] = None  # image ids of the split's gallery (None: refs + targets)
+    photo: Optional[torch.Tensor] = None  # (N,) int64 source photo of each row (None: the reference image)
 
     def __len__(self) -> int:
         return int(self.ref.numel())
+
+    @property
+    def photos(self) -> torch.Tensor:
+        """(N,) the source photo of each row: rows of one photo and of its edited versions share an id (the
+        reference image's id where the triplets name no photo)."""
+        return self.photo if self.photo is not None else self.ref
 
     @property
     def dim(self) -> int:
@@ -259,7 +266,7 @@ class TripletSet:
     def subset(self, rows: torch.Tensor) -> "TripletSet":
         return TripletSet(
             self.images, self.texts, self.ref[rows], self.text[rows], self.tgt[rows], self.query[rows],
-            self.image_keys, self.text_list, self.gallery,
+            self.image_keys, self.text_list, self.gallery, None if self.photo is None else self.photo[rows],
         )
 
 
@@ -278,21 +285,29 @@ def index_triplets(
     """Unique image paths, unique texts and the row index arrays (one row per kept target).
 
     ``extra_images`` (e.g. the split's gallery) are added to the image table; ``max_targets`` caps the
-    rows of queries with many targets (training).
+    rows of queries with many targets (training). ``photo``: each row's source photo, numbered in order of
+    first appearance: the triplet's ``meta["photo"]`` where its set names one (the open-vocabulary set: a photo
+    and each of its edited versions), else its reference image.
     """
     image_ids: Dict[str, int] = {}
     text_ids: Dict[str, int] = {}
-    ref, txt, tgt, query = [], [], [], []
+    photo_ids: Dict[tuple, int] = {}
+    ref, txt, tgt, query, photo = [], [], [], [], []
     for qi, t in enumerate(triplets):
         r = image_ids.setdefault(t.reference, len(image_ids))
         x = text_ids.setdefault(t.text, len(text_ids))
+        named = t.meta.get("photo") if t.meta else None
+        ph = photo_ids.setdefault(("photo", str(named)) if named else ("image", t.reference), len(photo_ids))
         for target in capped_targets(t, max_targets):
             ref.append(r)
             txt.append(x)
             tgt.append(image_ids.setdefault(target, len(image_ids)))
             query.append(qi)
+            photo.append(ph)
     gallery = [image_ids.setdefault(str(p), len(image_ids)) for p in extra_images]
-    arrays = {k: torch.tensor(v, dtype=torch.int64) for k, v in (("ref", ref), ("text", txt), ("tgt", tgt), ("query", query), ("gallery", gallery))}
+    arrays = {k: torch.tensor(v, dtype=torch.int64)
+              for k, v in (("ref", ref), ("text", txt), ("tgt", tgt), ("query", query), ("gallery", gallery),
+                           ("photo", photo))}
     return list(image_ids), list(text_ids), arrays
 
 
@@ -371,7 +386,7 @@ def embed_triplets(
             save_file({k: v.contiguous() for k, v in tables.items()}, str(tmp),
                       metadata={"fingerprint": backbone.fingerprint})
     return TripletSet(tables["images"], tables["texts"], arrays["ref"], arrays["text"], arrays["tgt"], arrays["query"],
-                      paths, texts, arrays["gallery"] if len(gallery) else None)
+                      paths, texts, arrays["gallery"] if len(gallery) else None, arrays["photo"])
 
 
 def load_offline_cir(split: str = "train", report: Optional[LoadReport] = None,

@@ -98,11 +98,11 @@ class FitSet:
 
 
 def kind_scores(ranks: np.ndarray, kinds: np.ndarray) -> Dict[str, float]:
-    """{kind: (R@1 + R@10) / 2} in % from 1-based ranks."""
+    """{kind: (R@1 + R@10) / 2} in % from 1-based ranks (the evaluation core's recall)."""
     out = {}
     for k in sorted(set(kinds.tolist())):
-        r = ranks[kinds == k]
-        out[k] = float(((r <= 1).mean() + (r <= 10).mean()) * 50.0)
+        rec = recall_from_ranks(ranks[kinds == k] - 1, (1, 10))
+        out[k] = (rec["R@1"] + rec["R@10"]) / 2.0
     return out
 
 

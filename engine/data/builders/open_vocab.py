@@ -87,9 +87,11 @@ def _pick(rng: random.Random, split: str, family: str, edit: str = "") -> dict:
     return rng.choice(ov.templates(family, split, edit))
 
 
-def _row(kind: str, qid: str, ref: str, text: str, targets: list, tpl: dict, **meta) -> dict:
+def _row(kind: str, p, qid: str, ref: str, text: str, targets: list, tpl: dict, **meta) -> dict:
+    """One query record; ``photo`` names the source photo ``p`` of its reference (the photo itself or one of
+    its edited versions), so a trainer can keep a photo's versions together (RTIC's ``--group-by-photo``)."""
     return {"id": f"{kind}:{qid}", "kind": kind, "reference": ref, "text": text, "targets": targets,
-            "template": tpl["id"], **{k: v for k, v in meta.items() if v is not None}}
+            "template": tpl["id"], "photo": p.key, **{k: v for k, v in meta.items() if v is not None}}
 
 
 
@@ -105,7 +107,7 @@ def _colour_rows(w: _Writer, p, img, ref: str, split: str, rng: random.Random) -
         rel = w.save(recolour.recolour_to(img, analysis, h, (s, v)), f"colour/{p.key}__{name.replace(' ', '_')}.png",
                      split)
         tpl = _pick(rng, split, "colour")
-        rows.append(_row("colour", f"{p.key}:{name}", ref, ov.render(tpl["template"], c=name), [rel], tpl,
+        rows.append(_row("colour", p, f"{p.key}:{name}", ref, ov.render(tpl["template"], c=name), [rel], tpl,
                          attribute=name, rgb=list(ov.colours()[name]), source_hue=round(analysis.hue, 1),
                          reference_caption=p.caption))
     return rows
@@ -118,16 +120,16 @@ def _light_rows(w: _Writer, p, img, ref: str, split: str, rng: random.Random) ->
     rows = []
     for e, rel in edits.items():
         tpl = _pick(rng, split, "light", e)
-        rows.append(_row("light", f"{p.key}:{e}", ref, tpl["template"], [rel], tpl, edit=e,
+        rows.append(_row("light", p, f"{p.key}:{e}", ref, tpl["template"], [rel], tpl, edit=e,
                          phrase=tpl["core"], reference_caption=p.caption))
     for e in sorted(rng.sample(sorted(edits), UNDO_PER_PHOTO)):
         tpl = _pick(rng, split, "undo", e)
-        rows.append(_row("undo", f"{p.key}:{e}", edits[e], tpl["template"], [ref], tpl, edit=e))
+        rows.append(_row("undo", p, f"{p.key}:{e}", edits[e], tpl["template"], [ref], tpl, edit=e))
     if p.category:
         e = rng.choice(sorted(edits))
         x = rng.choice(ov.of_split(ov.core_splits("light", e), split))
         tpl = _pick(rng, split, "compose-look")
-        rows.append(_row("compose-look", f"{p.key}:{e}", ref, ov.render(tpl["template"], a=p.category, x=x),
+        rows.append(_row("compose-look", p, f"{p.key}:{e}", ref, ov.render(tpl["template"], a=p.category, x=x),
                          [edits[e]], tpl, edit=e, attribute=p.category, light=x))
     return rows, edits
 
@@ -148,7 +150,7 @@ def _category_rows(w: _Writer, split: str, photos: list, state: dict, seed: int)
         members = sorted(by_cat[b], key=lambda q: q.key)
         targets = [state[q.key]["ref"] for q in rng.sample(members, min(MAX_CATEGORY_TARGETS, len(members)))]
         tpl = _pick(rng, split, "category")
-        rows.append(_row("category", f"{p.key}>{b}", state[p.key]["ref"],
+        rows.append(_row("category", p, f"{p.key}>{b}", state[p.key]["ref"],
                          ov.render(tpl["template"], a=p.category, b=b), sorted(targets), tpl,
                          attribute=b, reference_category=p.category))
         e = rng.choice(sorted(state[p.key]["edits"]))
@@ -156,7 +158,7 @@ def _category_rows(w: _Writer, split: str, photos: list, state: dict, seed: int)
         targets = sorted(w.edit(q, state[q.key]["img"], e, split) for q in chosen)
         tpl = _pick(rng, split, "compose-object")
         text = ov.render(tpl["template"], a=p.category, b=b, look=rng.choice(ov.LOOKS))
-        rows.append(_row("compose-object", f"{p.key}>{b}:{e}", state[p.key]["edits"][e], text, targets, tpl,
+        rows.append(_row("compose-object", p, f"{p.key}>{b}:{e}", state[p.key]["edits"][e], text, targets, tpl,
                          edit=e, attribute=b, reference_category=p.category))
     return rows
 

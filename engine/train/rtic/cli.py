@@ -81,6 +81,9 @@ def _parser() -> argparse.ArgumentParser:
         ap.add_argument("--" + name.replace("_", "-"), type=float, default=getattr(d, name))
     ap.add_argument("--group-by-reference", action="store_true",
                     help="batches of whole reference images: a photo's other edits are in its batch as negatives")
+    ap.add_argument("--group-by-photo", action="store_true",
+                    help="batches of whole source photos: a photo, its edited versions and every query from them "
+                         "share a batch (the open-vocabulary set names each row's photo; elsewhere its reference)")
     ap.add_argument("--optimizer", default=d.optimizer, choices=["adamw", "sgd"])
     ap.add_argument("--loss", default=d.loss, choices=["dml", "triplet"])
     ap.add_argument("--gcn", action="store_true", help="also train RTIC + GCN stream (stage 2)")

@@ -46,19 +46,23 @@ class _Stream:
         return gcn_bce_loss(out, w, self.graph.binary_rows(idx).to(device))
 
 
-def grouped_permutation(ref: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
-    """A permutation of the rows in which the rows of one reference image are adjacent (references in random
-    order, rows in random order within each), so a batch holds a photo's other edits as its hardest negatives."""
-    rows = torch.randperm(len(ref), generator=gen)
-    refs = ref[rows]
-    uniq, inverse = torch.unique(refs, return_inverse=True)
+def grouped_permutation(group: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    """A permutation of the rows in which the rows of one group (a reference image, or a source photo) are
+    adjacent (groups in random order, rows in random order within each), so a batch holds a photo's other edits
+    as its hardest negatives."""
+    rows = torch.randperm(len(group), generator=gen)
+    uniq, inverse = torch.unique(group[rows], return_inverse=True)
     rank = torch.randperm(len(uniq), generator=gen)[inverse]
     order = torch.argsort(rank, stable=True)
     return rows[order]
 
 
 def _permutation(data: TripletSet, cfg: TrainConfig, gen: torch.Generator) -> torch.Tensor:
-    return grouped_permutation(data.ref, gen) if cfg.group_by_reference else torch.randperm(len(data), generator=gen)
+    if cfg.group_by_photo:
+        return grouped_permutation(data.photos, gen)
+    if cfg.group_by_reference:
+        return grouped_permutation(data.ref, gen)
+    return torch.randperm(len(data), generator=gen)
 
 
 def _batch_losses(model: RTIC, data: TripletSet, idx: torch.Tensor, cfg: TrainConfig, gcn: Optional[_Stream],

@@ -27,6 +27,7 @@ class TrainConfig:
     margin: float = 0.2
     cos_weight: float = 0.0  # + cos_weight * mean(1 - cos(composed, target)): keeps outputs near the images
     group_by_reference: bool = False  # batches hold every row of their reference images (its other edits: negatives)
+    group_by_photo: bool = False  # batches hold every row of their source photos (the photo and its edited versions)
     seed: int = 0
     # GCN stream
     gcn: bool = False
