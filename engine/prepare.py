@@ -69,7 +69,7 @@ CONTEXT_I2W_SMALL_RECIPE = ["--seed", "1", "--lr", "3e-4", "--warmup-steps", "30
                             "--local-zero-init", "--global-dropout", "0.5", "--cosine-weight", "1.0"]
 # the shipped RTIC's stage-1 recipe on the offline set (docs/rtic.md, "Command"): its optimiser, batch, one target
 # per reference, the photos' tone edits, the open-vocabulary operation set, the cosine term and batches of whole
-# reference images; the epochs are planned
+# source photos; the epochs are planned
 RTIC_OFFLINE_RECIPE = ["--optimizer", "sgd", "--lr", "0.01", "--batch-size", "128", "--max-targets", "1",
                        "--tone-edits", "--open-vocab", "--cos-weight", "0.3", "--group-by-photo"]
 CONTEXT_I2W_MAX_EPOCHS = 12  # the shipped packaged mapper's epochs (docs/context_i2w.md)

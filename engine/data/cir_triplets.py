@@ -296,7 +296,7 @@ def index_triplets(
     for qi, t in enumerate(triplets):
         r = image_ids.setdefault(t.reference, len(image_ids))
         x = text_ids.setdefault(t.text, len(text_ids))
-        named = t.meta.get("photo") if t.meta else None
+        named = t.meta.get("photo")
         ph = photo_ids.setdefault(("photo", str(named)) if named else ("image", t.reference), len(photo_ids))
         for target in capped_targets(t, max_targets):
             ref.append(r)
